@@ -1,0 +1,244 @@
+"""The public API: ``SpeculativeModel.from_pretrained(...)``, ``.generate(...)`` and ``.stream(...)``."""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass, field
+
+import torch
+
+from drafttree.accept import Sampling
+from drafttree.decode import DecodeStats, decode
+from drafttree.drafters import METHODS, Drafter, make_drafter, needs_head
+from drafttree.errors import DraftTreeError
+from drafttree.models import DEFAULT_MODEL, LoadedModel, check_same_vocabulary, load_model
+from drafttree.target import TargetModel
+
+
+@dataclass
+class GenerationResult:
+    text: str
+    tokens: list[int]  # the new token ids (EOS included when it ended the generation)
+    prompt_tokens: int
+    method: str
+    stats: DecodeStats = field(repr=False)
+
+    @property
+    def new_tokens(self) -> int:
+        return self.stats.new_tokens
+
+    @property
+    def tau(self) -> float:
+        return self.stats.tau
+
+    @property
+    def tokens_per_second(self) -> float:
+        return self.stats.tokens_per_second
+
+    @property
+    def target_forwards(self) -> int:
+        return self.stats.target_forwards
+
+    @property
+    def wall_time(self) -> float:
+        return self.stats.wall_time
+
+    @property
+    def finish_reason(self) -> str:
+        return self.stats.finish_reason
+
+    def to_dict(self) -> dict:
+        s = self.stats
+        return {
+            "text": self.text, "method": self.method, "new_tokens": s.new_tokens,
+            "prompt_tokens": self.prompt_tokens, "tokens_per_second": round(s.tokens_per_second, 3),
+            "tau": round(s.tau, 4), "target_forwards": s.target_forwards, "wall_time": round(s.wall_time, 4),
+            "finish_reason": s.finish_reason, "accept_lengths": s.accept_lengths,
+            "time_split": {"prefill": round(s.time_prefill, 4), "draft": round(s.time_draft, 4),
+                           "verify": round(s.time_verify, 4), "other": round(s.time_other, 4)},
+            "tokens": self.tokens,
+        }
+
+
+@dataclass
+class StreamChunk:
+    """One target forward's worth of output: the tokens it accepted and the text they add."""
+
+    text: str
+    tokens: list[int]
+    step: int
+
+
+class GenerationStream:
+    """Iterator of :class:`StreamChunk`; ``.result`` holds the full :class:`GenerationResult` afterwards."""
+
+    def __init__(self, it: Iterator[StreamChunk]):
+        self._it = it
+        self.result: GenerationResult | None = None
+
+    def __iter__(self):
+        return self
+
+    def __next__(self) -> StreamChunk:
+        return next(self._it)
+
+    def close(self) -> None:
+        self._it.close()
+
+
+class SpeculativeModel:
+    """A target model plus a drafting method; generates exactly what the target alone would generate."""
+
+    def __init__(self, target: LoadedModel, method: str = "auto", draft: LoadedModel | None = None,
+                 head=None, **method_options):
+        self.target = target
+        self.draft = draft
+        if draft is not None:
+            check_same_vocabulary(target, draft)
+        self.head = head
+        self.method = self._resolve_method(method)
+        self.method_options = method_options
+        self._runner = TargetModel(target.model)
+        self._drafters: dict[str, Drafter] = {}
+        self.tokenizer = target.tokenizer
+        self.eos_ids = target.eos_token_ids()
+
+    @classmethod
+    def from_pretrained(cls, model: str = DEFAULT_MODEL, method: str = "auto", draft_model: str | None = None,
+                        head: str | None = "auto", dtype: str | torch.dtype = "auto", device: str = "auto",
+                        show_progress: bool = True, **method_options) -> SpeculativeModel:
+        """Load a target (and a draft LM or EAGLE head if the method needs one).
+
+        ``head='auto'`` uses the head shipped for the target when there is one; ``method='auto'`` picks the
+        best method available (EAGLE-2 with a head, else the draft model, else prompt lookup).
+        """
+        if method != "auto" and method not in METHODS:
+            raise DraftTreeError(f"unknown method {method!r}; choose one of {', '.join(METHODS)}")
+        target = load_model(model, dtype=dtype, device=device, show_progress=show_progress)
+        draft = None
+        if draft_model:
+            draft = load_model(draft_model, dtype=target.dtype, device=target.device, show_progress=show_progress)
+        eagle_head = None
+        if head and (method == "auto" or needs_head(method)):
+            from drafttree.heads import load_head_for
+
+            eagle_head = load_head_for(target, None if head == "auto" else head, required=needs_head(method))
+        return cls(target, method=method, draft=draft, head=eagle_head, **method_options)
+
+    def _resolve_method(self, method: str) -> str:
+        if method == "auto":
+            if self.head is not None:
+                return "eagle2"
+            return "draft" if self.draft is not None else "lookup"
+        if method not in METHODS:
+            raise DraftTreeError(f"unknown method {method!r}; choose one of {', '.join(METHODS)}")
+        if method == "draft" and self.draft is None:
+            raise DraftTreeError("method 'draft' needs a draft model (draft_model=... / --draft-model)")
+        if needs_head(method) and self.head is None:
+            raise DraftTreeError(f"method {method!r} needs an EAGLE head for {self.target.name!r}")
+        return method
+
+    def drafter(self, method: str | None = None) -> Drafter:
+        method = self._resolve_method(method or self.method)
+        if method not in self._drafters:
+            opts = self.method_options if method == self.method else {}
+            self._drafters[method] = make_drafter(method, self.target, self.draft, self.head, **opts)
+        return self._drafters[method]
+
+    # ---- prompts -------------------------------------------------------------------------------------
+    def encode_prompt(self, prompt: str | list[dict], chat: bool = True) -> torch.Tensor:
+        tok = self.tokenizer
+        if isinstance(prompt, str):
+            if not prompt.strip():
+                raise DraftTreeError("empty prompt")
+            if chat and getattr(tok, "chat_template", None):
+                prompt = [{"role": "user", "content": prompt}]
+            else:
+                return torch.tensor(tok(prompt, add_special_tokens=True).input_ids, dtype=torch.long)
+        if not isinstance(prompt, list) or not prompt or not all(
+                isinstance(m, dict) and "role" in m and "content" in m for m in prompt):
+            raise DraftTreeError("messages must be a non-empty list of {'role': ..., 'content': ...} objects")
+        if not getattr(tok, "chat_template", None):
+            raise DraftTreeError("this model has no chat template: pass a plain string with chat=False")
+        ids = tok.apply_chat_template(prompt, add_generation_prompt=True, tokenize=True, return_dict=False)
+        if isinstance(ids, dict) or hasattr(ids, "input_ids"):
+            ids = ids["input_ids"]
+        return torch.tensor(ids, dtype=torch.long).reshape(-1)
+
+    # ---- generation ----------------------------------------------------------------------------------
+    def stream(self, prompt: str | list[dict] | torch.Tensor, max_new_tokens: int = 256, temperature: float = 0.0,
+               top_p: float = 1.0, top_k: int = 0, stop: list[str] | str | None = None, seed: int | None = None,
+               chat: bool = True, method: str | None = None, record_rounds: bool = False) -> GenerationStream:
+        """Generate lazily: one :class:`StreamChunk` per target forward, as soon as its tokens are accepted."""
+        if max_new_tokens is None or max_new_tokens <= 0:
+            raise DraftTreeError(f"max_new_tokens must be > 0, got {max_new_tokens}")
+        sampling = Sampling(float(temperature), float(top_p), int(top_k))
+        ids = prompt.reshape(-1) if isinstance(prompt, torch.Tensor) else self.encode_prompt(prompt, chat)
+        if ids.numel() == 0:
+            raise DraftTreeError("empty prompt")
+        ctx = self._runner.max_positions
+        if ids.numel() >= ctx:
+            raise DraftTreeError(f"prompt is {ids.numel()} tokens but the context window is {ctx} tokens")
+        drafter = self.drafter(method)
+        stops = [stop] if isinstance(stop, str) else list(stop or [])
+        if any(not s for s in stops):
+            raise DraftTreeError("stop strings must be non-empty")
+        gen = torch.Generator(device=self.target.device)
+        gen.manual_seed(seed if seed is not None else random.randrange(2**63))
+        stream = GenerationStream(iter(()))
+        stream._it = self._run(ids, drafter, sampling, max_new_tokens, stops, gen, stream, record_rounds,
+                               method or self.method)
+        return stream
+
+    def _run(self, ids, drafter, sampling, max_new_tokens, stops, gen, stream, record_rounds, method):
+        stats = DecodeStats()
+        tokens: list[int] = []
+        emitted = ""
+        hold = max((len(s) for s in stops), default=1) - 1
+        steps = decode(self._runner, drafter, ids, sampling, max_new_tokens, self.eos_ids, gen, stats,
+                       record_rounds)
+        step = 0
+        stopped_at = None
+        for new in steps:
+            tokens.extend(new)
+            text = self.tokenizer.decode(tokens, skip_special_tokens=True)
+            if stops:
+                hits = [text.find(s, max(0, len(emitted) - hold)) for s in stops]
+                hits = [h for h in hits if h >= 0]
+                if hits:
+                    stopped_at = min(hits)
+                    text = text[:stopped_at]
+            final = stopped_at is not None or stats.finish_reason == "stop"
+            safe = text if final else text.rstrip("\ufffd")
+            if not final and hold:
+                safe = safe[: max(len(emitted), len(safe) - hold)]
+            delta, emitted = safe[len(emitted):], safe
+            step += 1
+            yield StreamChunk(delta, new, step)
+            if stopped_at is not None:
+                stats.finish_reason = "stop"
+                steps.close()
+                break
+        text = self.tokenizer.decode(tokens, skip_special_tokens=True)
+        if stopped_at is not None:
+            text = text[:stopped_at]
+        if len(text) > len(emitted):
+            yield StreamChunk(text[len(emitted):], [], step)
+        stream.result = GenerationResult(text, tokens, int(ids.numel()), method, stats)
+
+    def generate(self, prompt: str | list[dict] | torch.Tensor, max_new_tokens: int = 256, **kwargs) -> GenerationResult:
+        """Generate to completion; see :meth:`stream` for the parameters."""
+        s = self.stream(prompt, max_new_tokens, **kwargs)
+        for _ in s:
+            pass
+        return s.result
+
+
+def result_summary(result: GenerationResult) -> dict:
+    d = result.to_dict()
+    d.pop("tokens")
+    return d
+
+
+__all__ = ["GenerationResult", "GenerationStream", "SpeculativeModel", "StreamChunk", "asdict"]

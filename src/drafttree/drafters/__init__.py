@@ -1,0 +1,45 @@
+"""Drafters, one file each, and the registry that turns a method name into one."""
+
+from __future__ import annotations
+
+from drafttree.drafters.base import DraftRequest, Drafter
+from drafttree.errors import DraftTreeError
+
+# Stable method names (CLI, API, benchmark). Each maps to a drafter factory below.
+BASE_METHODS = ["ar", "lookup", "draft"]
+HEAD_METHODS = [
+    "eagle-chain", "eagle1", "eagle2",
+    "eagle-chain-threshold", "eagle-chain-ldlp", "eagle-chain-ldlp-threshold", "eagle2-ldlp",
+    "eagle-chain-oracle",
+]
+METHODS = BASE_METHODS + HEAD_METHODS
+
+
+def needs_head(method: str) -> bool:
+    return method in HEAD_METHODS
+
+
+def make_drafter(method: str, target, draft=None, head=None, **options) -> Drafter:
+    """Build the drafter for ``method``. ``target``/``draft`` are LoadedModels, ``head`` an EagleHead."""
+    if method == "ar":
+        return Drafter()
+    if method == "lookup":
+        from drafttree.drafters.lookup import LookupDrafter
+
+        return LookupDrafter(device=target.device, **options)
+    if method == "draft":
+        from drafttree.drafters.draft_model import DraftModelDrafter
+
+        if draft is None:
+            raise DraftTreeError("method 'draft' needs a draft model (--draft-model)")
+        return DraftModelDrafter(draft.model, target.vocab_size, **options)
+    if method in HEAD_METHODS:
+        from drafttree.drafters.eagle import make_eagle_drafter
+
+        if head is None:
+            raise DraftTreeError(f"method {method!r} needs an EAGLE head for {target.name!r} (--head PATH)")
+        return make_eagle_drafter(method, target, head, **options)
+    raise DraftTreeError(f"unknown method {method!r}; choose one of {', '.join(METHODS)}")
+
+
+__all__ = ["DraftRequest", "Drafter", "METHODS", "make_drafter", "needs_head"]

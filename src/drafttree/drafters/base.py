@@ -1,0 +1,42 @@
+"""The drafter interface: everything a new drafting method implements (one file per drafter)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from drafttree.accept import Sampling
+from drafttree.tree import DraftTree
+
+
+@dataclass
+class DraftRequest:
+    """What the decode loop tells a drafter before each round."""
+
+    context: list[int]  # every token so far, prompt and generated, ending with the root
+    root: int  # the last token: chosen by the target, not yet in its KV cache
+    max_depth: int  # never propose deeper than this (remaining budget / context window)
+    sampling: Sampling
+    generator: torch.Generator | None
+    info: dict = field(default_factory=dict)  # drafters may leave per-round notes (e.g. chosen depth)
+
+
+class Drafter:
+    """Proposes a draft tree each round and learns what the target accepted.
+
+    ``begin`` sees the prompt and the target's prefill features; ``propose`` returns a tree rooted at the
+    current root; ``observe`` receives the committed tokens (root + accepted drafts), the target's
+    features at those positions and the next root. AR decoding is the drafter that proposes nothing.
+    """
+
+    name = "ar"
+
+    def begin(self, prompt: torch.Tensor, prefill_features: torch.Tensor, root: int) -> None:
+        pass
+
+    def propose(self, req: DraftRequest) -> DraftTree:
+        return DraftTree.root_only(req.root)
+
+    def observe(self, committed: list[int], features: torch.Tensor, next_root: int) -> None:
+        pass

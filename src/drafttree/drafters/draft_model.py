@@ -1,0 +1,79 @@
+"""Classic speculative decoding with a small draft language model sharing the target's tokenizer.
+
+At temperature 0 the draft proposes its greedy chain (or an EAGLE-2-style top-k tree); at T > 0 it
+*samples* a chain from its own warped distribution q and keeps q, so the verifier applies Leviathan et
+al.'s rule: accept with min(1, p/q), resample from norm(max(0, p - q)) on rejection.
+The draft LM runs through the same :class:`~drafttree.target.TargetModel` wrapper as the target, so it
+can draft trees with tree attention too.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from drafttree.accept import warp_probs
+from drafttree.drafters.base import DraftRequest, Drafter
+from drafttree.target import TargetModel
+from drafttree.tree import DraftTree, grow_chain, grow_dynamic_tree, grow_sampled_chain
+
+
+class _DraftLMStepper:
+    """TreeStepper over a draft LM whose committed cache holds the context up to and including the root."""
+
+    vocab_ids = None
+
+    def __init__(self, lm: TargetModel, root_lp: torch.Tensor, vocab: int):
+        self.lm, self._root_lp, self.vocab = lm, root_lp, vocab
+
+    def root_logprobs(self) -> torch.Tensor:
+        return self._root_lp
+
+    def expand(self, tokens, parent_slots, attend, depth):
+        positions = torch.full((tokens.shape[0],), self.lm.length - 1 + depth, dtype=torch.long)
+        out = self.lm.forward_nodes(tokens, positions, attend)
+        return torch.log_softmax(out.logits[:, : self.vocab], dim=-1)
+
+
+class DraftModelDrafter(Drafter):
+    name = "draft"
+
+    def __init__(self, draft_model: torch.nn.Module, vocab_size: int, k: int = 4, tree: bool = False,
+                 top_k: int = 4, total_tokens: int = 16):
+        self.lm = TargetModel(draft_model)
+        self.vocab = min(vocab_size, self.lm.lm_head.weight.shape[0])
+        self.target_vocab = vocab_size
+        self.k, self.tree, self.top_k, self.total_tokens = k, tree, top_k, total_tokens
+        self.fed = 0  # context tokens held by the draft's committed cache
+
+    def begin(self, prompt, prefill_features, root):
+        self.fed = 0
+        self.lm.cache = None
+
+    @torch.inference_mode()
+    def _catch_up(self, context: list[int]) -> torch.Tensor:
+        """Feed the context tokens the draft has not seen (the accepted drafts and the root)."""
+        if self.lm.cache is None:
+            out = self.lm.prefill(torch.tensor(context))
+        else:
+            self.lm.discard_pending()
+            new = context[self.fed:]
+            n = len(new)
+            positions = torch.arange(self.lm.length, self.lm.length + n)
+            causal = torch.tril(torch.ones(n, n, dtype=torch.bool))
+            out = self.lm.forward_nodes(torch.tensor(new), positions, causal)
+            self.lm.commit(list(range(n)))
+        self.fed = len(context)
+        return torch.log_softmax(out.logits[-1, : self.vocab], dim=-1)
+
+    @torch.inference_mode()
+    def propose(self, req: DraftRequest) -> DraftTree:
+        k = min(self.k, req.max_depth)
+        if k <= 0:
+            return DraftTree.root_only(req.root)
+        stepper = _DraftLMStepper(self.lm, self._catch_up(req.context), self.vocab)
+        if not req.sampling.greedy:
+            return grow_sampled_chain(stepper, req.root, k, lambda lp: warp_probs(lp, req.sampling),
+                                      req.generator, self.target_vocab)
+        if self.tree:
+            return grow_dynamic_tree(stepper, req.root, k, self.top_k, self.total_tokens)
+        return grow_chain(stepper, req.root, k)

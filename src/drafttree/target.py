@@ -1,0 +1,178 @@
+"""A thin wrapper over any stock `transformers` causal LM for tree verification.
+
+No modeling code is forked: a tree of new tokens is verified in one ordinary forward call by giving the
+model a 4-D additive attention mask (each node sees the committed past, its ancestors and itself) and
+explicit position ids (past length + depth). The KV cache is a plain ``DynamicCache``; committing an
+accepted root-to-leaf path keeps the past plus those slots and drops the rest of the tree.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from transformers import DynamicCache
+
+from drafttree.errors import DraftTreeError
+
+
+@dataclass
+class ForwardOutput:
+    logits: torch.Tensor  # [n, vocab] float32: next-token logits at every input position
+    features: torch.Tensor  # [n, hidden] the LM head's input (last hidden state after the final norm)
+
+
+def tree_attention_mask(
+    attend: torch.Tensor, past_len: int, dtype: torch.dtype, sliding_window: int | None = None,
+    query_pos: torch.Tensor | None = None, tail_pos: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Additive mask [1, 1, m, past_len + s] from ``attend`` [m, s] over the uncommitted tail slots.
+
+    0 where a query may attend (the whole committed past, and the tail slots ``attend`` allows: its
+    ancestors and itself), the dtype's minimum elsewhere. With ``sliding_window``, keys further than the
+    window from the query are masked too (for the sliding layers of hybrid models).
+    """
+    m, s = attend.shape
+    allowed = torch.ones(m, past_len + s, dtype=torch.bool, device=attend.device)
+    allowed[:, past_len:] = attend
+    if sliding_window is not None:
+        key_pos = torch.cat([torch.arange(past_len, device=attend.device), tail_pos])
+        allowed &= (query_pos[:, None] - key_pos[None, :]) < sliding_window
+    mask = torch.zeros(m, past_len + s, dtype=dtype, device=attend.device)
+    mask.masked_fill_(~allowed, torch.finfo(dtype).min)
+    return mask[None, None]
+
+
+class TargetModel:
+    """Prefill, tree forward, commit and crop over one sequence (batch size 1)."""
+
+    def __init__(self, model: torch.nn.Module):
+        self.model = model
+        self.base = model.base_model
+        self.lm_head = model.get_output_embeddings()
+        self.config = model.config
+        self.softcap = getattr(self.config, "final_logit_softcapping", None)
+        self.layer_types = getattr(self.config, "layer_types", None)
+        self.sliding_window = getattr(self.config, "sliding_window", None)
+        self.has_sliding = bool(self.layer_types and "sliding_attention" in self.layer_types)
+        self.cache: DynamicCache | None = None
+        self.length = 0  # tokens committed to the cache
+        self._pending = 0  # uncommitted slots (tree or draft round) sitting after `length`
+        self._pending_pos = torch.zeros(0, dtype=torch.long)
+        self.max_positions = int(getattr(self.config, "max_position_embeddings", 2048) or 2048)
+
+    @property
+    def device(self) -> torch.device:
+        return self.lm_head.weight.device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.lm_head.weight.dtype
+
+    def logits(self, features: torch.Tensor) -> torch.Tensor:
+        out = self.lm_head(features).float()
+        if self.softcap:
+            out = torch.tanh(out / self.softcap) * self.softcap
+        return out
+
+    def _new_cache(self) -> DynamicCache:
+        # A full (non-sliding) cache for every layer: tree slots are addressed by index, and sliding layers
+        # get the window through their own mask instead (see `_masks`).
+        return DynamicCache()
+
+    def _masks(self, attend: torch.Tensor, positions: torch.Tensor, tail_pos: torch.Tensor):
+        full = tree_attention_mask(attend, self.length, self.dtype)
+        if not self.has_sliding:
+            return full
+        sliding = tree_attention_mask(attend, self.length, self.dtype, self.sliding_window, positions, tail_pos)
+        return {"full_attention": full, "sliding_attention": sliding}
+
+    @torch.inference_mode()
+    def prefill(self, input_ids: torch.Tensor, logits_for: str = "last") -> ForwardOutput:
+        """Reset the cache and run the prompt. Logits only for the last position unless ``logits_for='all'``."""
+        ids = input_ids.reshape(1, -1).to(self.device)
+        n = ids.shape[1]
+        if n == 0:
+            raise DraftTreeError("empty prompt: nothing to condition on")
+        if n >= self.max_positions:
+            raise DraftTreeError(
+                f"prompt is {n} tokens but the model's context window is {self.max_positions} tokens"
+            )
+        self.cache = self._new_cache()
+        self.length, self._pending = 0, 0
+        positions = torch.arange(n, device=self.device)
+        mask = None
+        if self.has_sliding:
+            causal = torch.tril(torch.ones(n, n, dtype=torch.bool, device=self.device))
+            mask = self._masks(causal, positions, positions)
+        out = self.base(
+            input_ids=ids, attention_mask=mask, position_ids=positions[None], past_key_values=self.cache,
+            use_cache=True,
+        )
+        feats = out.last_hidden_state[0]
+        self.length = n
+        head_in = feats if logits_for == "all" else feats[-1:]
+        return ForwardOutput(logits=self.logits(head_in), features=feats)
+
+    @torch.inference_mode()
+    def forward_tree(self, tokens: torch.Tensor, depths: torch.Tensor, ancestors: torch.Tensor) -> ForwardOutput:
+        """One forward over ``n`` new tokens arranged as a tree on top of the committed cache.
+
+        ``depths[i]`` is node i's distance from the first new token (the root, depth 0), ``ancestors[i, j]``
+        is True when node j is node i or one of its ancestors. Node order must be topological.
+        """
+        self.discard_pending()
+        return self.forward_nodes(tokens, depths.to(self.device) + self.length, ancestors)
+
+    @torch.inference_mode()
+    def forward_nodes(self, tokens: torch.Tensor, positions: torch.Tensor, attend: torch.Tensor) -> ForwardOutput:
+        """Append ``m`` uncommitted slots: each sees the committed past and the pending slots ``attend`` allows.
+
+        ``attend`` is [m, pending + m] over the slots appended since the last commit plus the new ones; a
+        drafter grows its tree one depth at a time with this, a verifier calls :meth:`forward_tree`.
+        """
+        if self.cache is None:
+            raise RuntimeError("forward before prefill")
+        m = tokens.shape[0]
+        positions = positions.to(self.device)
+        tail_pos = torch.cat([self._pending_pos, positions]) if self._pending else positions
+        out = self.base(
+            input_ids=tokens.reshape(1, m).to(self.device),
+            attention_mask=self._masks(attend.to(self.device), positions, tail_pos),
+            position_ids=positions[None],
+            past_key_values=self.cache,
+            use_cache=True,
+        )
+        self._pending += m
+        self._pending_pos = tail_pos
+        feats = out.last_hidden_state[0]
+        return ForwardOutput(logits=self.logits(feats), features=feats)
+
+    def commit(self, nodes: list[int] | torch.Tensor) -> None:
+        """Keep the tree slots ``nodes`` (a root-to-node path, in order) after the committed past."""
+        nodes = torch.as_tensor(nodes, dtype=torch.long, device=self.device)
+        m = int(nodes.numel())
+        if m > self._pending:
+            raise RuntimeError("commit of more slots than the last tree forward produced")
+        identity = bool(torch.equal(nodes, torch.arange(m, device=self.device)))
+        start = self.length
+        if not identity:
+            src = nodes + start
+            for layer in self.cache.layers:
+                layer.keys[:, :, start:start + m] = layer.keys.index_select(2, src)
+                layer.values[:, :, start:start + m] = layer.values.index_select(2, src)
+        self.length += m
+        self.crop(self.length)
+
+    def discard_pending(self) -> None:
+        if self._pending:
+            self.crop(self.length)
+
+    def crop(self, length: int) -> None:
+        """Drop everything after ``length`` cached tokens."""
+        for layer in self.cache.layers:
+            if layer.keys is not None and layer.keys.shape[2] > length:
+                layer.keys = layer.keys[:, :, :length]
+                layer.values = layer.values[:, :, :length]
+        self.length = min(self.length, length)
+        self._pending = 0

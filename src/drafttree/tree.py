@@ -1,0 +1,270 @@
+"""Draft trees: the value passed from drafters to the verifier, and the builders that grow them.
+
+A tree has ``n`` nodes in topological order. Node 0 is the root: the last token already chosen by the
+target but not yet in its KV cache. Every other node is a draft token proposed as a continuation of its
+parent. A chain is a tree whose parents are -1, 0, 1, 2, ...
+
+Builders are generic over a :class:`TreeStepper` (the EAGLE head or a small draft LM), so one tree
+builder serves every drafter:
+  * :func:`grow_dynamic_tree` — EAGLE-2: expand the ``top_k`` best frontier nodes per depth by global
+    confidence (sum of draft log-probs along the path), then keep the best ``total_tokens`` nodes;
+  * :func:`grow_static_tree` — EAGLE-1: a fixed shape given as top-k rank paths;
+  * :func:`grow_sampled_chain` — a chain sampled from the draft distribution (speculative sampling, T > 0).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Protocol
+
+import torch
+
+
+def ancestor_matrix(parents: torch.Tensor) -> torch.Tensor:
+    """``anc[i, j]`` is True when j is i or an ancestor of i. Vectorised: closure by repeated squaring."""
+    n = parents.shape[0]
+    dev = parents.device
+    adj = torch.eye(n, dtype=torch.float32, device=dev)
+    has_parent = parents >= 0
+    rows = torch.arange(n, device=dev)[has_parent]
+    adj[rows, parents[has_parent]] = 1.0
+    steps = max(1, math.ceil(math.log2(max(n, 2))))
+    for _ in range(steps):
+        nxt = (adj @ adj).clamp_(max=1.0)
+        if torch.equal(nxt, adj):
+            break
+        adj = nxt
+    return adj.bool()
+
+
+@dataclass
+class DraftTree:
+    tokens: torch.Tensor  # [n] long, node 0 is the root
+    parents: torch.Tensor  # [n] long, -1 for the root; parents[i] < i
+    ancestors: torch.Tensor  # [n, n] bool
+    depths: torch.Tensor  # [n] long, root 0
+    # For nodes drafted by *sampling*, the distribution they were sampled from ([n, vocab], rows of other
+    # nodes unused); ``sampled[i]`` says which. Deterministic nodes (top-k, lookup) are point masses.
+    draft_probs: torch.Tensor | None = None
+    sampled: torch.Tensor | None = None
+
+    @property
+    def size(self) -> int:
+        return int(self.tokens.shape[0])
+
+    @property
+    def max_depth(self) -> int:
+        return int(self.depths.max().item()) if self.size > 1 else 0
+
+    def to(self, device: torch.device) -> DraftTree:
+        if self.tokens.device == device:
+            return self
+        move = (lambda t: None if t is None else t.to(device))
+        return DraftTree(self.tokens.to(device), self.parents.to(device), self.ancestors.to(device),
+                         self.depths.to(device), move(self.draft_probs), move(self.sampled))
+
+    @staticmethod
+    def from_parents(tokens: torch.Tensor, parents: torch.Tensor, draft_probs=None, sampled=None) -> DraftTree:
+        anc = ancestor_matrix(parents)
+        return DraftTree(tokens, parents, anc, anc.sum(1) - 1, draft_probs, sampled)
+
+    @staticmethod
+    def chain(root: int, drafts: list[int] | torch.Tensor, device="cpu", draft_probs=None) -> DraftTree:
+        drafts = torch.as_tensor(drafts, dtype=torch.long, device=device).reshape(-1)
+        n = drafts.numel() + 1
+        tokens = torch.cat([torch.tensor([root], dtype=torch.long, device=device), drafts])
+        idx = torch.arange(n, device=device)
+        sampled = None
+        if draft_probs is not None:
+            sampled = torch.ones(n, dtype=torch.bool, device=device)
+            sampled[0] = False
+        return DraftTree(tokens, idx - 1, idx[:, None] >= idx[None, :], idx, draft_probs, sampled)
+
+    @staticmethod
+    def root_only(root: int, device="cpu") -> DraftTree:
+        return DraftTree.chain(root, [], device)
+
+    def children(self) -> list[list[int]]:
+        """Children of every node, in node order (the order siblings are tried at acceptance)."""
+        out: list[list[int]] = [[] for _ in range(self.size)]
+        for i, p in enumerate(self.parents.tolist()):
+            if p >= 0:
+                out[p].append(i)
+        return out
+
+    def path_to(self, node: int) -> list[int]:
+        """Root-to-node path as node indices."""
+        return torch.nonzero(self.ancestors[node]).flatten().tolist()
+
+
+class TreeStepper(Protocol):
+    """What a drafter exposes so that the tree builders can grow trees with it.
+
+    ``root_logprobs()`` returns the draft's log-probabilities for the root's children ([V']); ``expand`` runs
+    the drafter on ``k`` new tree nodes at once and returns their children's log-probs ([k, V']).
+    ``parent_slots[i]`` is the expansion slot (order of earlier ``expand`` rows, -1 for the root) of node
+    i's parent, ``attend[i, j]`` whether new node i sees earlier expanded slot j (its ancestors). V' may be
+    a reduced vocabulary: ``vocab_ids`` maps its indices to token ids (None = identity).
+    """
+
+    vocab_ids: torch.Tensor | None
+
+    def root_logprobs(self) -> torch.Tensor: ...
+
+    def expand(self, tokens: torch.Tensor, parent_slots: torch.Tensor, attend: torch.Tensor,
+               depth: int) -> torch.Tensor: ...
+
+
+def _to_token_ids(stepper: TreeStepper, idx: torch.Tensor) -> torch.Tensor:
+    return idx if stepper.vocab_ids is None else stepper.vocab_ids[idx]
+
+
+def grow_dynamic_tree(stepper: TreeStepper, root: int, depth: int, top_k: int, total_tokens: int) -> DraftTree:
+    """EAGLE-2 expand-and-rerank.
+
+    Depth 1: the root's ``top_k`` children. Each further depth expands the ``top_k`` best frontier nodes
+    (by global score = sum of log-probs along the path), scoring all ``top_k**2`` of their children. Then
+    the best ``total_tokens - 1`` candidates over all depths are verified. A child never outscores its parent
+    (log-probs <= 0) and ties keep creation order, so the kept set is connected.
+    """
+    root_lp = stepper.root_logprobs()
+    dev = root_lp.device
+    k = min(top_k, root_lp.shape[-1])
+    lp, idx = root_lp.topk(k)
+    cand_tokens = [_to_token_ids(stepper, idx)]
+    cand_scores = [lp.clamp(max=0.0).float()]
+    cand_parents = [torch.full((k,), -1, dtype=torch.long, device=dev)]  # candidate index of the parent
+    frontier = torch.arange(k, device=dev)  # candidate indices of the nodes to expand next
+    frontier_slot_parent = torch.full((k,), -1, dtype=torch.long, device=dev)  # parent's expansion slot
+    expanded_anc = torch.zeros(0, 0, dtype=torch.bool, device=dev)  # ancestry among expanded slots
+    n_cand = k
+    all_tokens = cand_tokens[0]
+    all_scores = cand_scores[0]
+    for d in range(1, depth):
+        m = frontier.numel()
+        e = expanded_anc.shape[0]
+        # new slots e..e+m-1 see their parent's ancestry plus themselves
+        attend = torch.zeros(m, e + m, dtype=torch.bool, device=dev)
+        has_p = frontier_slot_parent >= 0
+        if e and has_p.any():
+            attend[has_p, :e] = expanded_anc[frontier_slot_parent[has_p]]
+        attend[:, e:] = torch.eye(m, dtype=torch.bool, device=dev)
+        grown = torch.zeros(e + m, e + m, dtype=torch.bool, device=dev)
+        grown[:e, :e] = expanded_anc
+        grown[e:] = attend
+        expanded_anc = grown
+        child_lp = stepper.expand(all_tokens[frontier], frontier_slot_parent, attend, d)  # [m, V']
+        kk = min(top_k, child_lp.shape[-1])
+        lp, idx = child_lp.topk(kk, dim=-1)  # [m, kk]
+        scores = (all_scores[frontier][:, None] + lp.clamp(max=0.0).float()).reshape(-1)
+        tokens = _to_token_ids(stepper, idx).reshape(-1)
+        parents = frontier[:, None].expand(m, kk).reshape(-1)
+        cand_tokens.append(tokens)
+        cand_scores.append(scores)
+        cand_parents.append(parents)
+        all_tokens = torch.cat([all_tokens, tokens])
+        all_scores = torch.cat([all_scores, scores])
+        if d + 1 < depth:
+            best = scores.topk(min(top_k, scores.numel())).indices
+            frontier = n_cand + best
+            frontier_slot_parent = e + torch.div(best, kk, rounding_mode="floor")
+        n_cand += tokens.numel()
+    parents_all = torch.cat(cand_parents)
+    keep = min(total_tokens - 1, n_cand)
+    order = torch.sort(all_scores, descending=True, stable=True).indices[:keep]
+    chosen = torch.sort(order).values  # creation order is topological
+    new_index = torch.full((n_cand,), -1, dtype=torch.long, device=dev)
+    new_index[chosen] = torch.arange(1, keep + 1, device=dev)
+    par = parents_all[chosen]
+    par_new = torch.where(par >= 0, new_index[par.clamp(min=0)], torch.zeros_like(par))
+    if bool((par_new < 0).any()):  # cannot happen with scores <= parent's; guard the invariant anyway
+        raise RuntimeError("dynamic tree selection is not ancestor-closed")
+    tokens = torch.cat([torch.tensor([root], dtype=torch.long, device=dev), all_tokens[chosen]])
+    parents = torch.cat([torch.tensor([-1], dtype=torch.long, device=dev), par_new])
+    return DraftTree.from_parents(tokens, parents)
+
+
+# EAGLE-1's default static tree (mc_sim_7b_63): top-k rank paths, 25 draft nodes over 5 depths.
+EAGLE1_TREE: list[list[int]] = [
+    [0], [1], [2], [3],
+    [0, 0], [0, 1], [0, 2], [1, 0], [1, 1], [2, 0], [2, 1], [3, 0],
+    [0, 0, 0], [0, 0, 1], [0, 0, 2], [0, 1, 0], [0, 1, 1], [0, 2, 0], [0, 2, 1], [1, 0, 0],
+    [0, 0, 0, 0], [0, 0, 0, 1], [0, 0, 0, 2],
+    [0, 0, 0, 0, 0], [0, 0, 0, 0, 1],
+]
+
+
+def grow_static_tree(stepper: TreeStepper, root: int, paths: list[list[int]]) -> DraftTree:
+    """EAGLE-1: a fixed tree shape; node ``[r1, ..., rd]`` is the rank-rd child of node ``[r1..rd-1]``."""
+    root_lp = stepper.root_logprobs()
+    dev = root_lp.device
+    paths = sorted(paths, key=lambda p: (len(p), p))
+    index = {(): 0}
+    tokens = [root]
+    parents = [-1]
+    max_rank = max(p[-1] for p in paths) + 1
+    level_lp = {(): root_lp}
+    slot_of = {}  # path -> expansion slot
+    anc_slots: list[list[int]] = []
+    by_depth: dict[int, list[list[int]]] = {}
+    for p in paths:
+        by_depth.setdefault(len(p), []).append(p)
+    for d in sorted(by_depth):
+        # expand the parents of this depth that are not expanded yet (one batched drafter call)
+        need = sorted({tuple(p[:-1]) for p in by_depth[d]} - set(level_lp))
+        if need:
+            e = len(anc_slots)
+            m = len(need)
+            attend = torch.zeros(m, e + m, dtype=torch.bool, device=dev)
+            parent_slots = []
+            for i, q in enumerate(need):
+                ps = slot_of.get(q[:-1], -1)
+                parent_slots.append(ps)
+                row = list(anc_slots[ps]) if ps >= 0 else []
+                row.append(e + i)
+                attend[i, row] = True
+                anc_slots.append(row)
+                slot_of[q] = e + i
+            toks = torch.tensor([tokens[index[q]] for q in need], dtype=torch.long, device=dev)
+            out = stepper.expand(toks, torch.tensor(parent_slots, dtype=torch.long, device=dev), attend, d - 1)
+            for i, q in enumerate(need):
+                level_lp[q] = out[i]
+        tops = {q: _to_token_ids(stepper, level_lp[q].topk(max_rank).indices).tolist()
+                for q in {tuple(p[:-1]) for p in by_depth[d]}}
+        for p in by_depth[d]:
+            q = tuple(p[:-1])
+            index[tuple(p)] = len(tokens)
+            tokens.append(tops[q][p[-1]])
+            parents.append(index[q])
+    return DraftTree.from_parents(torch.tensor(tokens, device=dev), torch.tensor(parents, device=dev))
+
+
+def grow_chain(stepper: TreeStepper, root: int, length: int) -> DraftTree:
+    """Greedy chain of ``length`` draft tokens (a dynamic tree with top_k = 1)."""
+    if length <= 0:
+        return DraftTree.root_only(root, stepper.root_logprobs().device)
+    return grow_dynamic_tree(stepper, root, depth=length, top_k=1, total_tokens=length + 1)
+
+
+def grow_sampled_chain(stepper: TreeStepper, root: int, length: int, warp, generator: torch.Generator | None,
+                       vocab_size: int) -> DraftTree:
+    """A chain whose tokens are *sampled* from the (warped) draft distribution q, keeping q for acceptance."""
+    lp = stepper.root_logprobs()
+    dev = lp.device
+    drafts, qs = [], []
+    for d in range(length):
+        q_small = warp(lp.float())
+        q = q_small if stepper.vocab_ids is None else torch.zeros(vocab_size, device=dev).index_copy_(
+            0, stepper.vocab_ids, q_small)
+        tok = int(torch.multinomial(q, 1, generator=generator).item())
+        drafts.append(tok)
+        qs.append(q)
+        if d + 1 < length:
+            slot = torch.tensor([d - 1], dtype=torch.long, device=dev)
+            attend = torch.ones(1, d + 1, dtype=torch.bool, device=dev)
+            lp = stepper.expand(torch.tensor([tok], device=dev), slot, attend, d + 1)[0]
+    probs = torch.zeros(length + 1, vocab_size, device=dev)
+    if qs:
+        probs[1:] = torch.stack(qs)
+    return DraftTree.chain(root, drafts, dev, draft_probs=probs)
