@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 import torch
 
 from drafttree.accept import Sampling, accept, sample_token
-from drafttree.drafters.base import DraftRequest, Drafter
+from drafttree.drafters.base import Drafter, DraftRequest
 from drafttree.target import TargetModel
 
 

@@ -148,6 +148,7 @@ class TargetModel:
         feats = out.last_hidden_state[0]
         return ForwardOutput(logits=self.logits(feats), features=feats)
 
+    @torch.inference_mode()
     def commit(self, nodes: list[int] | torch.Tensor) -> None:
         """Keep the tree slots ``nodes`` (a root-to-node path, in order) after the committed past."""
         nodes = torch.as_tensor(nodes, dtype=torch.long, device=self.device)

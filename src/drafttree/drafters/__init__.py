@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from drafttree.drafters.base import DraftRequest, Drafter
+from drafttree.drafters.base import Drafter, DraftRequest
 from drafttree.errors import DraftTreeError
 
 # Stable method names (CLI, API, benchmark). Each maps to a drafter factory below.

@@ -1,7 +1,8 @@
 """Classic speculative decoding with a small draft language model sharing the target's tokenizer.
 
-At temperature 0 the draft proposes its greedy chain (or an EAGLE-2-style top-k tree); at T > 0 it
-*samples* a chain from its own warped distribution q and keeps q, so the verifier applies Leviathan et
+At temperature 0 the draft proposes its greedy chain; with ``tree=True`` an EAGLE-2-style top-k tree
+(deterministic candidates, verified with the point-mass rule at any temperature); at T > 0 a chain is
+*sampled* from its own warped distribution q and keeps q, so the verifier applies Leviathan et
 al.'s rule: accept with min(1, p/q), resample from norm(max(0, p - q)) on rejection.
 The draft LM runs through the same :class:`~drafttree.target.TargetModel` wrapper as the target, so it
 can draft trees with tree attention too.
@@ -12,7 +13,7 @@ from __future__ import annotations
 import torch
 
 from drafttree.accept import warp_probs
-from drafttree.drafters.base import DraftRequest, Drafter
+from drafttree.drafters.base import Drafter, DraftRequest
 from drafttree.target import TargetModel
 from drafttree.tree import DraftTree, grow_chain, grow_dynamic_tree, grow_sampled_chain
 
@@ -71,9 +72,9 @@ class DraftModelDrafter(Drafter):
         if k <= 0:
             return DraftTree.root_only(req.root)
         stepper = _DraftLMStepper(self.lm, self._catch_up(req.context), self.vocab)
+        if self.tree:  # deterministic top-k tree: point-mass candidates at any temperature
+            return grow_dynamic_tree(stepper, req.root, k, self.top_k, self.total_tokens)
         if not req.sampling.greedy:
             return grow_sampled_chain(stepper, req.root, k, lambda lp: warp_probs(lp, req.sampling),
                                       req.generator, self.target_vocab)
-        if self.tree:
-            return grow_dynamic_tree(stepper, req.root, k, self.top_k, self.total_tokens)
         return grow_chain(stepper, req.root, k)

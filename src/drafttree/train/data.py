@@ -1,0 +1,353 @@
+"""Training data for draft heads: read prompts, self-distil answers, extract target features.
+
+Three resumable stages, each an append-only file or a directory of finished shards:
+  1. ``read_prompts``: JSON/JSONL in ShareGPT (``conversations``), OpenAI (``messages``) or Alpaca
+     (``instruction``/``input``) format, or a plain text file (prompts separated by blank lines);
+  2. ``self_distill``: the target answers every user turn (batched greedy generation, chat template);
+     one JSONL line per (conversation, turn) with the exact prompt and response token ids;
+  3. ``extract_features``: one forward per sample; the LM head's input feature at every position, the
+     token ids and the loss mask (response tokens only) go into sharded safetensors + ``manifest.json``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+from safetensors.torch import save_file
+from tqdm import tqdm
+
+from drafttree.errors import DraftTreeError
+from drafttree.models import LoadedModel
+
+# ---------------------------------------------------------------------------------------------- prompts
+
+
+def _turns_from_record(rec: dict) -> list[dict]:
+    """Normalise one record to a list of {'role', 'content'} messages (assistant turns kept as context)."""
+    if "messages" in rec:
+        msgs = rec["messages"]
+        return [{"role": m["role"], "content": m["content"]} for m in msgs if m.get("content") is not None]
+    if "conversations" in rec:
+        role = {"human": "user", "user": "user", "gpt": "assistant", "assistant": "assistant",
+                "chatgpt": "assistant", "bing": "assistant", "bard": "assistant", "system": "system"}
+        out = []
+        for m in rec["conversations"]:
+            r = role.get(str(m.get("from", m.get("role", ""))).lower())
+            text = m.get("value", m.get("content"))
+            if r and isinstance(text, str):
+                out.append({"role": r, "content": text})
+        return out
+    if "instruction" in rec:
+        text = rec["instruction"] if not rec.get("input") else f"{rec['instruction']}\n\n{rec['input']}"
+        return [{"role": "user", "content": text}]
+    if "turns" in rec:
+        return [{"role": "user", "content": t} for t in rec["turns"]]
+    if "prompt" in rec and isinstance(rec["prompt"], str):
+        return [{"role": "user", "content": rec["prompt"]}]
+    raise DraftTreeError(
+        "unknown prompt format: expected 'messages', 'conversations', 'instruction', 'turns' or 'prompt' keys, "
+        f"got {sorted(rec)[:6]}"
+    )
+
+
+def read_prompts(path: str | Path) -> list[dict]:
+    """Return ``[{'id': str, 'messages': [...]}]``; user turns are what the target will answer."""
+    path = Path(path)
+    if not path.is_file():
+        raise DraftTreeError(f"prompt file not found: {path}")
+    text = path.read_text(encoding="utf-8")
+    if not text.strip():
+        raise DraftTreeError(f"prompt file is empty: {path}")
+    records: list[dict]
+    if path.suffix in (".txt", ".md"):
+        paras = [p.strip() for p in text.split("\n\n") if p.strip()]
+        records = [{"id": f"{path.stem}-{i}", "messages": [{"role": "user", "content": p}]}
+                   for i, p in enumerate(paras)]
+        return records
+    try:
+        if path.suffix == ".json":
+            raw = json.loads(text)
+            if isinstance(raw, dict):
+                raw = raw.get("data") or raw.get("examples") or [raw]
+        else:
+            raw = [json.loads(line) for line in text.splitlines() if line.strip()]
+    except json.JSONDecodeError as e:
+        raise DraftTreeError(f"{path}: not valid JSON/JSONL ({e})") from None
+    records = []
+    for i, rec in enumerate(raw):
+        if not isinstance(rec, dict):
+            raise DraftTreeError(f"{path}: record {i} is not a JSON object")
+        msgs = _turns_from_record(rec)
+        if not any(m["role"] == "user" and m["content"].strip() for m in msgs):
+            continue
+        records.append({"id": str(rec.get("id", rec.get("question_id", f"{path.stem}-{i}"))), "messages": msgs})
+    if not records:
+        raise DraftTreeError(f"{path}: no usable prompts (no non-empty user turn)")
+    return records
+
+
+# --------------------------------------------------------------------------------------- self-distil
+
+
+def _chat_ids(tokenizer, messages: list[dict]) -> list[int]:
+    ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=False)
+    if isinstance(ids, dict) or hasattr(ids, "input_ids"):
+        ids = ids["input_ids"]
+    return list(ids)
+
+
+def _done_keys(path: Path) -> set[tuple[str, int]]:
+    done = set()
+    if path.exists():
+        with open(path, encoding="utf-8") as f:
+            for line in f:
+                try:
+                    rec = json.loads(line)
+                except json.JSONDecodeError:
+                    continue  # a line cut by a crash: it will be regenerated
+                done.add((rec["id"], rec["turn"]))
+    return done
+
+
+def self_distill(
+    target: LoadedModel, prompts: list[dict], out_path: str | Path, batch_size: int = 16,
+    max_new_tokens: int = 256, max_prompt_tokens: int = 1024, temperature: float = 0.0,
+    seed: int = 0, show_progress: bool = True,
+) -> dict:
+    """The target answers each user turn; earlier turns are answered first and put back in the history.
+
+    Appends to ``out_path`` (JSONL) and skips (id, turn) pairs already there, so a killed run resumes.
+    """
+    tok, model = target.tokenizer, target.model
+    if not getattr(tok, "chat_template", None):
+        raise DraftTreeError(f"{target.name} has no chat template; self-distillation needs one")
+    out_path = Path(out_path)
+    out_path.parent.mkdir(parents=True, exist_ok=True)
+    done = _done_keys(out_path)
+    history: dict[str, list[dict]] = {}
+    if done and out_path.exists():
+        with open(out_path, encoding="utf-8") as f:
+            for line in f:
+                try:
+                    rec = json.loads(line)
+                except json.JSONDecodeError:
+                    continue
+                history[(rec["id"], rec["turn"])] = rec["messages"]
+    pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
+    eos = target.eos_token_ids()
+    gen = torch.Generator().manual_seed(seed)
+    stats = {"samples": 0, "response_tokens": 0, "skipped_long": 0}
+    max_turns = max(sum(m["role"] == "user" for m in p["messages"]) for p in prompts)
+    total = sum(sum(m["role"] == "user" for m in p["messages"]) for p in prompts)
+    bar = tqdm(total=total, initial=len(done), desc="self-distil", unit="turn", disable=not show_progress)
+    with open(out_path, "a", encoding="utf-8") as out:
+        for turn in range(max_turns):
+            todo = []
+            for p in prompts:
+                users = [i for i, m in enumerate(p["messages"]) if m["role"] == "user"]
+                if turn >= len(users) or (p["id"], turn) in done:
+                    continue
+                if turn == 0:
+                    hist = p["messages"][: users[0] + 1]
+                else:
+                    prev = history.get((p["id"], turn - 1))
+                    if prev is None:
+                        continue  # previous turn skipped (too long)
+                    hist = prev + [p["messages"][users[turn]]]
+                ids = _chat_ids(tok, hist)
+                if len(ids) > max_prompt_tokens:
+                    stats["skipped_long"] += 1
+                    bar.update(1)
+                    continue
+                todo.append((p["id"], hist, ids))
+            todo.sort(key=lambda t: len(t[2]))
+            for b in range(0, len(todo), batch_size):
+                batch = todo[b:b + batch_size]
+                width = max(len(t[2]) for t in batch)
+                input_ids = torch.full((len(batch), width), pad, dtype=torch.long)
+                attn = torch.zeros((len(batch), width), dtype=torch.long)
+                for i, (_, _, ids) in enumerate(batch):
+                    input_ids[i, width - len(ids):] = torch.tensor(ids)
+                    attn[i, width - len(ids):] = 1
+                kwargs = {"do_sample": False}
+                if temperature > 0:
+                    kwargs = {"do_sample": True, "temperature": temperature, "top_p": 1.0, "top_k": 0}
+                    torch.manual_seed(int(torch.randint(0, 2**31, (1,), generator=gen)))
+                with torch.inference_mode():
+                    outs = model.generate(
+                        input_ids=input_ids.to(target.device), attention_mask=attn.to(target.device),
+                        max_new_tokens=max_new_tokens, pad_token_id=pad, **kwargs,
+                    )
+                for (pid, hist, ids), row in zip(batch, outs[:, width:].tolist()):
+                    resp = []
+                    finish = "length"
+                    for t in row:
+                        resp.append(t)
+                        if t in eos:
+                            finish = "stop"
+                            break
+                    text = tok.decode(resp, skip_special_tokens=True)
+                    msgs = hist + [{"role": "assistant", "content": text}]
+                    rec = {"id": pid, "turn": turn, "prompt_ids": ids, "response_ids": resp,
+                           "finish": finish, "messages": msgs}
+                    out.write(json.dumps(rec, ensure_ascii=False) + "\n")
+                    history[(pid, turn)] = msgs
+                    stats["samples"] += 1
+                    stats["response_tokens"] += len(resp)
+                out.flush()
+                bar.update(len(batch))
+                bar.set_postfix(resp_tokens=stats["response_tokens"])
+    bar.close()
+    return stats
+
+
+# ------------------------------------------------------------------------------------------ features
+
+
+def iter_distilled(path: str | Path) -> Iterator[dict]:
+    with open(path, encoding="utf-8") as f:
+        for n, line in enumerate(f):
+            if not line.strip():
+                continue
+            try:
+                rec = json.loads(line)
+            except json.JSONDecodeError:
+                raise DraftTreeError(f"{path}: line {n + 1} is not valid JSON (a cut write? re-run distill)") from None
+            if "prompt_ids" not in rec or "response_ids" not in rec:
+                raise DraftTreeError(f"{path}: line {n + 1} lacks prompt_ids/response_ids (not a distill file)")
+            yield rec
+
+
+def _write_atomic_json(path: Path, obj) -> None:
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(json.dumps(obj, indent=1))
+    os.replace(tmp, path)
+
+
+def target_signature(target: LoadedModel) -> dict:
+    cfg = target.config
+    return {"name": target.name, "architecture": (getattr(cfg, "architectures", None) or [type(target.model).__name__])[0],
+            "model_type": cfg.model_type, "hidden_size": cfg.hidden_size, "vocab_size": target.vocab_size}
+
+
+def extract_features(
+    target: LoadedModel, distilled: str | Path, out_dir: str | Path, shard_size: int = 256,
+    max_tokens: int = 2048, batch_tokens: int = 4096, show_progress: bool = True,
+) -> dict:
+    """Write ``shard-XXXXX.safetensors`` files of {input_ids, loss_mask, hidden, offsets} + a manifest.
+
+    Resumable: finished shards are listed in the manifest with the distill-file line range they cover.
+    """
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    man_path = out_dir / "manifest.json"
+    sig = target_signature(target)
+    manifest = {"format": "drafttree-features-v1", "target": sig, "feature": "last_hidden_state_post_norm",
+                "dtype": "bfloat16", "shards": []}
+    if man_path.exists():
+        old = json.loads(man_path.read_text())
+        if old.get("target", {}).get("hidden_size") != sig["hidden_size"] or old["target"].get("vocab_size") != sig[
+                "vocab_size"]:
+            raise DraftTreeError(f"{out_dir} holds features of another target ({old.get('target')})")
+        manifest = old
+    start = max((s["end"] for s in manifest["shards"]), default=0)
+    records = list(iter_distilled(distilled))
+    if not records:
+        raise DraftTreeError(f"{distilled}: no samples")
+    todo = records[start:]
+    base = target.model.base_model
+    bar = tqdm(total=len(records), initial=start, desc="features", unit="sample", disable=not show_progress)
+    buf: list[tuple[list[int], list[int], torch.Tensor]] = []
+    line = start
+
+    def flush(upto: int):
+        nonlocal buf
+        if not buf:
+            return
+        idx = len(manifest["shards"])
+        name = f"shard-{idx:05d}.safetensors"
+        ids = torch.tensor([t for b in buf for t in b[0]], dtype=torch.int32)
+        mask = torch.tensor([t for b in buf for t in b[1]], dtype=torch.uint8)
+        hid = torch.cat([b[2] for b in buf]).to(torch.bfloat16).contiguous()
+        lens = torch.tensor([0] + [len(b[0]) for b in buf], dtype=torch.int64).cumsum(0)
+        tmp = out_dir / (name + ".tmp")
+        save_file({"input_ids": ids, "loss_mask": mask, "hidden": hid, "offsets": lens}, str(tmp))
+        os.replace(tmp, out_dir / name)
+        manifest["shards"].append({"file": name, "start": upto - len(buf), "end": upto, "samples": len(buf),
+                                   "tokens": int(ids.numel()), "loss_tokens": int(mask.sum())})
+        _write_atomic_json(man_path, manifest)
+        buf = []
+
+    # batch samples of similar length (right padding is harmless for a causal model's features)
+    i = 0
+    while i < len(todo):
+        group = [todo[i]]
+        width = len(todo[i]["prompt_ids"]) + len(todo[i]["response_ids"])
+        while (i + len(group) < len(todo) and len(buf) + len(group) < shard_size
+               and (len(group) + 1) * max(width, len(todo[i + len(group)]["prompt_ids"])
+                                          + len(todo[i + len(group)]["response_ids"])) <= batch_tokens):
+            nxt = todo[i + len(group)]
+            width = max(width, len(nxt["prompt_ids"]) + len(nxt["response_ids"]))
+            group.append(nxt)
+        width = min(width, max_tokens)
+        ids = torch.zeros(len(group), width, dtype=torch.long)
+        lens = []
+        for r, rec in enumerate(group):
+            seq = (rec["prompt_ids"] + rec["response_ids"])[:width]
+            ids[r, : len(seq)] = torch.tensor(seq)
+            lens.append(len(seq))
+        with torch.inference_mode():
+            hidden = base(input_ids=ids.to(target.device), use_cache=False).last_hidden_state
+        for r, rec in enumerate(group):
+            seq = (rec["prompt_ids"] + rec["response_ids"])[: lens[r]]
+            m = ([0] * len(rec["prompt_ids"]) + [1] * len(rec["response_ids"]))[: lens[r]]
+            buf.append((seq, m, hidden[r, : lens[r]].float().cpu()))
+        i += len(group)
+        line += len(group)
+        bar.update(len(group))
+        if len(buf) >= shard_size:
+            flush(line)
+    flush(line)
+    bar.close()
+    return {"shards": len(manifest["shards"]), "samples": sum(s["samples"] for s in manifest["shards"]),
+            "tokens": sum(s["tokens"] for s in manifest["shards"]),
+            "loss_tokens": sum(s["loss_tokens"] for s in manifest["shards"])}
+
+
+def load_feature_dir(path: str | Path) -> tuple[dict, list[dict]]:
+    """Read a feature directory: (manifest, samples) with samples as {input_ids, loss_mask, hidden} tensors.
+
+    Missing or corrupt shards are clear errors.
+    """
+    path = Path(path)
+    man_path = path / "manifest.json"
+    if not man_path.exists():
+        raise DraftTreeError(f"{path}: no manifest.json (not a feature directory; run `drafttree data features`)")
+    try:
+        manifest = json.loads(man_path.read_text())
+    except json.JSONDecodeError:
+        raise DraftTreeError(f"{man_path}: corrupt manifest") from None
+    if not manifest.get("shards"):
+        raise DraftTreeError(f"{path}: the manifest lists no shards")
+    samples = []
+    for s in manifest["shards"]:
+        f = path / s["file"]
+        if not f.exists():
+            raise DraftTreeError(f"{path}: shard {s['file']} listed in the manifest is missing")
+        try:
+            with safe_open(str(f), framework="pt") as st:
+                t = {k: st.get_tensor(k) for k in ("input_ids", "loss_mask", "hidden", "offsets")}
+        except Exception as e:  # safetensors raises several types for truncated/corrupt files
+            raise DraftTreeError(f"{path}: shard {s['file']} is corrupt ({e})") from None
+        off = t["offsets"].tolist()
+        if len(off) != s["samples"] + 1 or off[-1] != t["input_ids"].numel():
+            raise DraftTreeError(f"{path}: shard {s['file']} does not match its manifest entry")
+        for a, b in zip(off[:-1], off[1:]):
+            samples.append({"input_ids": t["input_ids"][a:b].long(), "loss_mask": t["loss_mask"][a:b].bool(),
+                            "hidden": t["hidden"][a:b]})
+    return manifest, samples

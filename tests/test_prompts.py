@@ -1,0 +1,284 @@
+"""Fast tests of the training-prompt assembly: pure functions on in-memory fixtures, no downloads."""
+
+from __future__ import annotations
+
+import json
+import random
+
+import pytest
+
+from drafttree.train import prompts as P
+
+BENCH_QUESTIONS = [
+    "Who played anna in once upon a time?",
+    "Compose an engaging travel blog post about a recent trip to Hawaii, highlighting cultural experiences "
+    "and must-see attractions.",
+    "Complete the code I provided.\n\ndef below_threshold(l: list, t: int):\n    \"\"\"Return True if all "
+    "numbers in the list l are below threshold t.\n    \"\"\"\n",
+    "Hi",
+]
+
+
+def _cands(category: str, source: str, k: int) -> list[P.Candidate]:
+    return [P.Candidate(source, category, str(i), f"{source} prompt number {i} about {category} things")
+            for i in range(k)]
+
+
+def _pool() -> list[P.Candidate]:
+    return (_cands("writing", "w1", 30) + _cands("writing", "w2", 30) + _cands("chat", "c1", 40)
+            + _cands("qa", "q1", 40) + _cands("math", "m1", 40) + _cands("code", "k1", 60)
+            + _cands("summarization", "s1", 30) + _cands("extraction", "e1", 5))
+
+
+# ---- overlap check
+
+
+def test_overlap_drops_exact_bench_question_case_and_whitespace_insensitive():
+    index = P.BenchIndex(BENCH_QUESTIONS)
+    cands = [
+        P.Candidate("x", "qa", "0", "WHO played   Anna in once upon a time?"),
+        P.Candidate("x", "qa", "1", "Who played Elsa in Frozen?"),
+    ]
+    kept, dropped = P.filter_overlaps(cands, index)
+    assert [c.key for c in dropped] == ["0"]
+    assert [c.key for c in kept] == ["1"]
+
+
+def test_overlap_finds_short_question_inside_longer_prompt():
+    index = P.BenchIndex(BENCH_QUESTIONS)
+    assert index.overlaps("Quick quiz. Who played Anna in Once Upon a Time? Answer briefly.")
+    assert not index.overlaps("Who played in the band Anna and the Time?")
+
+
+def test_overlap_long_shared_substring():
+    index = P.BenchIndex(BENCH_QUESTIONS)
+    text = ("Please help me. Compose an engaging travel blog post about a recent trip to Hawaii, highlighting "
+            "the food.")
+    assert index.overlaps(text)
+    code = "Implement this:\ndef below_threshold(l: list, t: int):\n    '''Return True if all numbers in the " \
+           "list l are below threshold t.'''"
+    assert index.overlaps(code)
+    assert not index.overlaps("Write a travel blog post about a trip to Iceland and its hot springs.")
+
+
+def test_very_short_bench_question_only_matches_exactly():
+    index = P.BenchIndex(BENCH_QUESTIONS)
+    assert index.overlaps("hi")
+    assert not index.overlaps("Hi there, how are you today?")
+
+
+def test_read_bench_questions(tmp_path):
+    rows = [{"question_id": 1, "category": "writing", "turns": ["First turn?", "Second turn."]},
+            {"question_id": 2, "category": "qa", "turns": ["Another question here?"]}]
+    (tmp_path / "b.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    assert P.read_bench_questions([tmp_path]) == ["First turn?", "Second turn.", "Another question here?"]
+
+
+# ---- cleaning
+
+
+def test_clean_drops_short_long_nonenglish_and_duplicates():
+    cands = [
+        P.Candidate("s", "chat", "0", "  Hello there, how are you doing today?  "),
+        P.Candidate("s", "chat", "1", "hello there,   HOW are you doing today?"),
+        P.Candidate("s", "chat", "2", "ok"),
+        P.Candidate("s", "chat", "3", "x " * 2000),
+        P.Candidate("s", "chat", "4", "请帮我写一篇关于机器学习的论文大纲，谢谢你的帮助"),
+        P.Candidate("s", "chat", "5", "Напишите короткое стихотворение о весне и любви"),
+    ]
+    kept, dropped = P.clean_candidates(cands)
+    assert [c.key for c in kept] == ["0"]
+    assert kept[0].text == "Hello there, how are you doing today?"
+    assert dropped == {"duplicate": 1, "too_short": 1, "too_long": 1, "not_english": 2}
+
+
+def test_cut_passage_and_cap_length():
+    passage = " ".join(f"Sentence number {i} is here." for i in range(200))
+    cut = P.cut_passage(passage, 500)
+    assert len(cut) <= 500 and cut.endswith(".")
+    long = "Instruction at the start. " + "filler " * 1000 + "Question at the end?"
+    capped = P.cap_length(long, 2500)
+    assert len(capped) <= 2500
+    assert capped.startswith("Instruction at the start.") and capped.endswith("Question at the end?")
+    assert P.cap_length("short", 2500) == "short"
+
+
+# ---- allocation and mixing
+
+
+def test_allocate_proportional_and_fills_shortfall():
+    assert P.allocate(100, {"a": 1000, "b": 1000}, {"a": 3, "b": 1}) == {"a": 75, "b": 25}
+    # "b" has only 10: the rest goes to "a" and "c" by weight
+    alloc = P.allocate(100, {"a": 1000, "b": 10, "c": 1000}, {"a": 1, "b": 1, "c": 1})
+    assert alloc["b"] == 10 and sum(alloc.values()) == 100 and abs(alloc["a"] - alloc["c"]) <= 1
+    # never more than available in total
+    assert P.allocate(50, {"a": 5, "b": 7}) == {"a": 5, "b": 7}
+    assert P.allocate(10, {"a": 0, "b": 100}) == {"a": 0, "b": 10}
+
+
+def test_mix_category_quotas():
+    picked, info = P.mix(_pool(), 100, seed=0)
+    cats = {cat: sum(c.category == cat for c in picked) for cat in P.CATEGORY_WEIGHTS}
+    assert len(picked) == 100
+    assert cats == {"writing": 20, "chat": 15, "qa": 15, "math": 15, "code": 20, "summarization": 10,
+                    "extraction": 5}
+    assert info["shortfall"] == {}
+    # both writing sources are used
+    assert {c.source for c in picked if c.category == "writing"} == {"w1", "w2"}
+
+
+def test_mix_fills_short_category_from_others():
+    pool = [c for c in _pool() if c.category != "extraction"] + _cands("extraction", "e1", 2)
+    picked, info = P.mix(pool, 100, seed=0)
+    assert len(picked) == 100
+    assert sum(c.category == "extraction" for c in picked) == 2
+    assert info["shortfall"] == {"extraction": 3}
+    assert sum(info["filled_by"].values()) == 3
+
+
+def test_mix_deterministic_and_seed_dependent():
+    a, _ = P.mix(_pool(), 80, seed=1)
+    b, _ = P.mix(list(reversed(_pool())), 80, seed=1)
+    c, _ = P.mix(_pool(), 80, seed=2)
+    assert [x.id for x in a] == [x.id for x in b]
+    assert [x.id for x in a] != [x.id for x in c]
+    assert len({x.id for x in a}) == 80
+
+
+def test_mix_not_enough_candidates():
+    picked, info = P.mix(_cands("chat", "c1", 10), 50, seed=0)
+    assert len(picked) == 10 and info["short_by"] == 40
+
+
+def test_select_prompts_end_to_end():
+    pool = _pool() + [P.Candidate("q2", "qa", "x", "Who played Anna in Once Upon a Time?")]
+    picked, summary = P.select_prompts(pool, 60, seed=0, bench_index=P.BenchIndex(BENCH_QUESTIONS))
+    assert summary["dropped"]["bench_overlap"] == 1
+    assert summary["bench_overlap_examples"] == ["q2:x"]
+    assert summary["total"] == 60 and sum(summary["per_category"].values()) == 60
+    assert all(c.source != "q2" for c in picked)
+
+
+# ---- output format
+
+
+def test_write_jsonl_format(tmp_path):
+    picked, _ = P.mix(_pool(), 20, seed=0)
+    out = tmp_path / "sub" / "prompts.jsonl"
+    P.write_jsonl(out, picked)
+    rows = list(P.iter_records(out))
+    assert len(rows) == 20
+    for row in rows:
+        assert set(row) == {"id", "source", "category", "messages"}
+        assert all(isinstance(row[k], str) for k in ("id", "source", "category"))
+        assert row["category"] in P.CATEGORY_WEIGHTS
+        assert len(row["messages"]) == 1 and row["messages"][0]["role"] == "user"
+        assert isinstance(row["messages"][0]["content"], str) and row["messages"][0]["content"]
+    assert len({r["id"] for r in rows}) == 20
+
+
+# ---- builders
+
+
+def test_build_writingbench_keeps_english_and_caps():
+    rows = [{"index": "1", "query": "请写一篇文章"}, {"index": "2", "query": "Write a memo. " * 400},
+            {"index": "3", "query": "Write a short poem about autumn leaves."}]
+    out = P.build_writingbench(rows)
+    assert [c.key for c in out] == ["2", "3"]
+    assert len(out[0].text) <= P.MAX_PROMPT_CHARS and out[0].category == "writing"
+
+
+def test_build_freshqa_skips_preamble():
+    csv_text = ("Warning: do not click,,\n,,\nid,split,question,answer_0\n"
+                "0,TEST,What is the tallest mountain?,Everest\n1,TEST,,x\n")
+    out = P.build_freshqa([csv_text])
+    assert [c.text for c in out] == ["What is the tallest mountain?"]
+
+
+def test_evals_prompt_modes():
+    rec = {"input": [{"role": "system", "content": "Answer with a single number."},
+                     {"role": "user", "content": "Tom has 3 apples and buys 4 more. How many now?"}]}
+    rng = random.Random(0)
+    assert P.evals_prompt(rec, "user", rng) == "Tom has 3 apples and buys 4 more. How many now?"
+    assert P.evals_prompt(rec, "sys+user", rng).startswith("Answer with a single number.\n\nTom")
+    assert P.evals_prompt(rec, "mcq", rng).endswith("How many now?")
+    assert P.evals_prompt({"input": [{"role": "system", "content": "only system"}]}, "user", rng) is None
+    moral = {"input": [{"role": "user", "content": "Is this acceptable? \nYes\nNo\nAnswer:"}]}
+    assert P.evals_prompt(moral, "user", rng) == "Is this acceptable?"
+
+
+def test_build_topical_chat_last_utterance():
+    examples = [
+        {"input": 'agent_A: "Are you a football fan?"', "comment": "c1"},
+        {"input": 'agent_B: "Are you a football fan?" agent_A: "Yes I am, did you know the locker room is '
+                  'painted pink?"', "comment": "c1"},
+    ]
+    out = P.build_topical_chat(examples, per_conversation=2)
+    texts = {c.text for c in out}
+    assert texts == {"Are you a football fan?", "Yes I am, did you know the locker room is painted pink?"}
+    assert all(c.category == "chat" for c in out)
+
+
+def test_clean_mathqa():
+    s = P.clean_mathqa("sophia finished 2 / 3 of a book . she read 90 more pages , how long is it ?")
+    assert s == "Sophia finished 2/3 of a book. She read 90 more pages, how long is it?"
+    assert P.clean_mathqa("a tax of 40 % on $ 45000 is 3 . 5 times x .") == "A tax of 40% on $45000 is 3.5 times x."
+
+
+SAMPLE_MODULE = '''
+def add(a, b):
+    """Return the sum of a and b, which must both be numbers."""
+    total = a + b
+    return total
+
+
+def undocumented(x):
+    return x
+
+
+class Box:
+    def area(self, scale=1):
+        """Area of the box, multiplied by ``scale`` for convenience."""
+        w = self.w * scale
+        return w * self.h * scale
+'''
+
+
+def test_extract_functions_and_code_prompts():
+    fns = P.extract_functions(SAMPLE_MODULE, "mod")
+    assert [f.qualname for f in fns] == ["add", "Box.area"]
+    add = fns[0]
+    assert add.stub.startswith("def add(a, b):") and add.stub.rstrip().endswith('"""')
+    assert "return total" not in add.stub and "return total" in add.full
+    assert '"""' not in add.no_doc and "return total" in add.no_doc
+    cands = P.build_code_prompts(fns, seed=0)
+    assert {c.key for c in cands} == {"mod.add", "mod.Box.area"}
+    assert all(c.category == "code" and c.source == "stdlib" for c in cands)
+    again = P.build_code_prompts(fns, seed=0)
+    assert [c.text for c in cands] == [c.text for c in again]
+
+
+def test_code_prompt_variety():
+    fn = P.extract_functions(SAMPLE_MODULE, "mod")[0]
+    texts = {P.code_prompt(fn, random.Random(i)) for i in range(60)}
+    assert len(texts) > 20
+    assert any("def add(a, b):" in t and "return total" not in t for t in texts)  # implement tasks
+    assert any("return total" in t for t in texts)  # explain / review tasks
+
+
+def test_summaries_and_templates():
+    passage = "The river flooded the town after three days of rain. " * 60
+    out = P.build_summaries("src", [("a", passage), ("b", "too short")], seed=0)
+    assert [c.key for c in out] == ["a"]
+    assert len(out[0].text) <= P.MAX_PASSAGE_CHARS + 100 and out[0].category == "summarization"
+    rw = P.build_rewrites([("a", passage)], seed=0)
+    assert rw[0].category == "extraction"
+    tpl = P.build_writing_templates(["lighthouse", "umbrella", "violin"], ["\u201cStay hungry.\u201d"], seed=0)
+    assert {c.category for c in tpl} == {"writing"}
+    assert {c.source for c in tpl} == {"templates/writing", "templates/roleplay", "templates/quotes"}
+    assert P.build_writing_templates(["violin"], [], seed=0) == P.build_writing_templates(["violin"], [], seed=0)
+
+
+@pytest.mark.parametrize("text,expected", [("Hello world, fine.", True), ("你好世界", False), ("", False)])
+def test_is_english(text, expected):
+    assert P.is_english(text) is expected

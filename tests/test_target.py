@@ -1,0 +1,80 @@
+"""Tree attention on stock transformers models: a tree forward equals the sequential forward of every path."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from drafttree.target import TargetModel
+from drafttree.tree import DraftTree
+from tests.conftest import tiny_causal_lm
+
+ARCHS = ["llama", "qwen2", "gemma3"]
+
+
+def _sequential_logits(model, ids: list[int]) -> torch.Tensor:
+    with torch.no_grad():
+        return model(torch.tensor([ids])).logits[0].float()
+
+
+def _random_tree(n: int, vocab: int, seed: int) -> DraftTree:
+    g = torch.Generator().manual_seed(seed)
+    parents = [-1] + [int(torch.randint(0, i, (1,), generator=g)) for i in range(1, n)]
+    tokens = torch.randint(2, vocab, (n,), generator=g)
+    return DraftTree.from_parents(tokens, torch.tensor(parents))
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_tree_forward_equals_every_path(arch):
+    model = tiny_causal_lm(arch, vocab=50, seed=1)
+    tm = TargetModel(model)
+    prompt = torch.randint(2, 50, (13,), generator=torch.Generator().manual_seed(0))
+    tm.prefill(prompt)
+    tree = _random_tree(12, 50, seed=3)
+    out = tm.forward_tree(tree.tokens, tree.depths, tree.ancestors)
+    for node in range(tree.size):
+        path = tree.path_to(node)
+        ref = _sequential_logits(model, prompt.tolist() + tree.tokens[path].tolist())[-1]
+        torch.testing.assert_close(out.logits[node], ref, atol=2e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_commit_equals_fresh_prefill(arch):
+    """After committing an accepted path, the cache continues exactly like a prefill of that text."""
+    model = tiny_causal_lm(arch, vocab=50, seed=2)
+    tm = TargetModel(model)
+    prompt = torch.randint(2, 50, (9,), generator=torch.Generator().manual_seed(4))
+    tm.prefill(prompt)
+    tree = _random_tree(10, 50, seed=5)
+    tm.forward_tree(tree.tokens, tree.depths, tree.ancestors)
+    deepest = int(tree.depths.argmax())
+    path = tree.path_to(deepest)
+    tm.commit(path)
+    assert tm.length == prompt.numel() + len(path)
+    nxt = torch.tensor([7, 8, 9])
+    chain = DraftTree.chain(int(nxt[0]), nxt[1:])
+    out = tm.forward_tree(chain.tokens, chain.depths, chain.ancestors)
+    ids = prompt.tolist() + tree.tokens[path].tolist() + nxt.tolist()
+    ref = _sequential_logits(model, ids)[-3:]
+    torch.testing.assert_close(out.logits, ref, atol=2e-4, rtol=1e-4)
+
+
+def test_crop_and_forward_nodes_incremental():
+    """Growing a tree one depth at a time (drafter style) gives the same logits as one tree forward."""
+    model = tiny_causal_lm("llama", vocab=40, seed=3)
+    tm = TargetModel(model)
+    prompt = torch.arange(2, 12)
+    tm.prefill(prompt)
+    # root r with two children a, b; a has child c
+    r, a, b, c = 20, 21, 22, 23
+    base = tm.length
+    o1 = tm.forward_nodes(torch.tensor([r]), torch.tensor([base]), torch.ones(1, 1, dtype=torch.bool))
+    o2 = tm.forward_nodes(torch.tensor([a, b]), torch.tensor([base + 1, base + 1]),
+                          torch.tensor([[1, 1, 0], [1, 0, 1]], dtype=torch.bool))
+    o3 = tm.forward_nodes(torch.tensor([c]), torch.tensor([base + 2]), torch.tensor([[1, 1, 0, 1]], dtype=torch.bool))
+    tree = DraftTree.from_parents(torch.tensor([r, a, b, c]), torch.tensor([-1, 0, 0, 1]))
+    whole = tm.forward_tree(tree.tokens, tree.depths, tree.ancestors)
+    inc = torch.cat([o1.logits, o2.logits, o3.logits])
+    torch.testing.assert_close(inc, whole.logits, atol=2e-5, rtol=1e-5)
+    tm.crop(5)
+    assert tm.length == 5 and tm.cache.layers[0].keys.shape[2] == 5
