@@ -52,11 +52,11 @@ def test_overlap_finds_short_question_inside_longer_prompt():
 
 def test_overlap_long_shared_substring():
     index = P.BenchIndex(BENCH_QUESTIONS)
-    text = ("Please help me. Compose an engaging travel blog post about a recent trip to Hawaii, highlighting "
-            "the food.")
+    text = ("Please help me. Compose an engaging travel blog post about a recent trip to Hawaii, "
+            "highlighting the food.")
     assert index.overlaps(text)
-    code = "Implement this:\ndef below_threshold(l: list, t: int):\n    '''Return True if all numbers in the " \
-           "list l are below threshold t.'''"
+    code = ("Implement this:\ndef below_threshold(l: list, t: int):\n    '''Return True if all numbers "
+            "in the list l are below threshold t.'''")
     assert index.overlaps(code)
     assert not index.overlaps("Write a travel blog post about a trip to Iceland and its hot springs.")
 
@@ -89,7 +89,8 @@ def test_clean_drops_short_long_nonenglish_and_duplicates():
     kept, dropped = P.clean_candidates(cands)
     assert [c.key for c in kept] == ["0"]
     assert kept[0].text == "Hello there, how are you doing today?"
-    assert dropped == {"duplicate": 1, "too_short": 1, "too_long": 1, "not_english": 2}
+    assert dropped["duplicate"] == 1 and dropped["too_long"] == 1
+    assert sum(dropped.values()) == 5  # the Chinese one counts as one word, hence "too_short"
 
 
 def test_cut_passage_and_cap_length():
@@ -209,20 +210,22 @@ def test_evals_prompt_modes():
 
 def test_build_topical_chat_last_utterance():
     examples = [
-        {"input": 'agent_A: "Are you a football fan?"', "comment": "c1"},
-        {"input": 'agent_B: "Are you a football fan?" agent_A: "Yes I am, did you know the locker room is '
-                  'painted pink?"', "comment": "c1"},
+        {"input": 'agent_A: "Are you a big football fan?"', "comment": "c1"},
+        {"input": 'agent_B: "Are you a big football fan?" agent_A: "Yes I am, did you know the locker '
+                  'room is painted pink?"', "comment": "c1"},
+        {"input": 'agent_A: "Hi there"', "comment": "c2"},
     ]
     out = P.build_topical_chat(examples, per_conversation=2)
     texts = {c.text for c in out}
-    assert texts == {"Are you a football fan?", "Yes I am, did you know the locker room is painted pink?"}
+    assert texts == {"Are you a big football fan?", "Yes I am, did you know the locker room is painted pink?"}
     assert all(c.category == "chat" for c in out)
 
 
 def test_clean_mathqa():
     s = P.clean_mathqa("sophia finished 2 / 3 of a book . she read 90 more pages , how long is it ?")
     assert s == "Sophia finished 2/3 of a book. She read 90 more pages, how long is it?"
-    assert P.clean_mathqa("a tax of 40 % on $ 45000 is 3 . 5 times x .") == "A tax of 40% on $45000 is 3.5 times x."
+    s = P.clean_mathqa("a tax of 40 % on $ 45000 is 3 . 5 times x .")
+    assert s == "A tax of 40% on $45000 is 3.5 times x."
 
 
 SAMPLE_MODULE = '''
@@ -273,12 +276,43 @@ def test_summaries_and_templates():
     assert len(out[0].text) <= P.MAX_PASSAGE_CHARS + 100 and out[0].category == "summarization"
     rw = P.build_rewrites([("a", passage)], seed=0)
     assert rw[0].category == "extraction"
-    tpl = P.build_writing_templates(["lighthouse", "umbrella", "violin"], ["\u201cStay hungry.\u201d"], seed=0)
+    nouns = ["lighthouse", "umbrella", "violin"]
+    tpl = P.build_writing_templates(nouns, ["\u201cStay hungry.\u201d"], seed=0)
     assert {c.category for c in tpl} == {"writing"}
     assert {c.source for c in tpl} == {"templates/writing", "templates/roleplay", "templates/quotes"}
-    assert P.build_writing_templates(["violin"], [], seed=0) == P.build_writing_templates(["violin"], [], seed=0)
+    assert P.build_writing_templates(nouns, [], seed=0) == P.build_writing_templates(nouns, [], seed=0)
 
 
 @pytest.mark.parametrize("text,expected", [("Hello world, fine.", True), ("你好世界", False), ("", False)])
 def test_is_english(text, expected):
     assert P.is_english(text) is expected
+
+
+# ---- archive readers (local files only)
+
+
+def test_read_bigbench_from_sdist_and_zip(tmp_path):
+    import io
+    import tarfile
+    import zipfile
+
+    task = json.dumps({"examples": [{"input": "Some sentence here. \nKeyword: how"}]}).encode()
+    sdist = tmp_path / "bigbench-1.0.0.tar.gz"
+    with tarfile.open(sdist, "w:gz") as tf:
+        info = tarfile.TarInfo("bigbench-1.0.0/bigbench/benchmark_tasks/rephrase/task.json")
+        info.size = len(task)
+        tf.addfile(info, io.BytesIO(task))
+    assert P.read_bigbench(sdist, show_progress=False) == {"rephrase/task.json": json.loads(task)}
+    subset = tmp_path / P.BIGBENCH_SUBSET
+    with zipfile.ZipFile(subset, "w") as zf:
+        zf.writestr("bigbench/benchmark_tasks/rephrase/task.json", task)
+    assert P.read_bigbench(subset, show_progress=False) == {"rephrase/task.json": json.loads(task)}
+
+
+def test_find_archive(tmp_path):
+    (tmp_path / "inspect_evals-0.26.0-py3-none-any.whl").write_bytes(b"")
+    (tmp_path / "evals-3.0.1.post1-py3-none-any.whl").write_bytes(b"")
+    assert P._find_archive(tmp_path, "inspect-evals", "0.26.0").name.startswith("inspect_evals-0.26.0")
+    assert P._find_archive(tmp_path, "evals", "3.0.1.post1").name.startswith("evals-3.0.1")
+    assert P._find_archive(tmp_path, "evals", "3.0.2") is None
+    assert P._find_archive(tmp_path / "missing", "evals", "3.0.1.post1") is None

@@ -227,7 +227,8 @@ class SpeculativeModel:
             yield StreamChunk(text[len(emitted):], [], step)
         stream.result = GenerationResult(text, tokens, int(ids.numel()), method, stats)
 
-    def generate(self, prompt: str | list[dict] | torch.Tensor, max_new_tokens: int = 256, **kwargs) -> GenerationResult:
+    def generate(self, prompt: str | list[dict] | torch.Tensor, max_new_tokens: int = 256,
+                 **kwargs) -> GenerationResult:
         """Generate to completion; see :meth:`stream` for the parameters."""
         s = self.stream(prompt, max_new_tokens, **kwargs)
         for _ in s:

@@ -90,7 +90,8 @@ def cmd_generate(args) -> int:
         out["dtype"] = str(lm.target.dtype).replace("torch.", "")
         if base is not None:
             out["baseline_tokens_per_second"] = round(base.tokens_per_second, 3)
-            out["speedup"] = round(res.tokens_per_second / base.tokens_per_second, 4) if base.tokens_per_second else None
+            bt = base.tokens_per_second
+            out["speedup"] = round(res.tokens_per_second / bt, 4) if bt else None
             out["identical"] = res.tokens == base.tokens
             out["first_difference"] = _first_difference(res.tokens, base.tokens)
         print(json.dumps(out, ensure_ascii=False))

@@ -60,9 +60,10 @@ class DraftTree:
     def to(self, device: torch.device) -> DraftTree:
         if self.tokens.device == device:
             return self
-        move = (lambda t: None if t is None else t.to(device))
+        probs = None if self.draft_probs is None else self.draft_probs.to(device)
+        sampled = None if self.sampled is None else self.sampled.to(device)
         return DraftTree(self.tokens.to(device), self.parents.to(device), self.ancestors.to(device),
-                         self.depths.to(device), move(self.draft_probs), move(self.sampled))
+                         self.depths.to(device), probs, sampled)
 
     @staticmethod
     def from_parents(tokens: torch.Tensor, parents: torch.Tensor, draft_probs=None, sampled=None) -> DraftTree:
@@ -240,11 +241,26 @@ def grow_static_tree(stepper: TreeStepper, root: int, paths: list[list[int]]) ->
     return DraftTree.from_parents(torch.tensor(tokens, device=dev), torch.tensor(parents, device=dev))
 
 
-def grow_chain(stepper: TreeStepper, root: int, length: int) -> DraftTree:
-    """Greedy chain of ``length`` draft tokens (a dynamic tree with top_k = 1)."""
-    if length <= 0:
-        return DraftTree.root_only(root, stepper.root_logprobs().device)
-    return grow_dynamic_tree(stepper, root, depth=length, top_k=1, total_tokens=length + 1)
+def grow_chain(stepper: TreeStepper, root: int, length: int, stop=None) -> DraftTree:
+    """Greedy chain of up to ``length`` draft tokens.
+
+    ``stop(n_drafted, cumulative_logprob) -> bool`` may end drafting early (confidence / length policies);
+    every step it saves is one drafter call.
+    """
+    lp = stepper.root_logprobs()
+    dev = lp.device
+    tokens: list[int] = []
+    cum = 0.0
+    for d in range(length):
+        j = int(lp.argmax())
+        cum += float(lp[j])
+        tok = j if stepper.vocab_ids is None else int(stepper.vocab_ids[j])
+        tokens.append(tok)
+        if d + 1 == length or (stop is not None and stop(d + 1, cum)):
+            break
+        lp = stepper.expand(torch.tensor([tok], device=dev), torch.tensor([d - 1], device=dev),
+                            torch.ones(1, d + 1, dtype=torch.bool, device=dev), d + 1)[0]
+    return DraftTree.chain(root, tokens, dev)
 
 
 def grow_sampled_chain(stepper: TreeStepper, root: int, length: int, warp, generator: torch.Generator | None,

@@ -2,11 +2,30 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from drafttree.errors import DraftTreeError
+from drafttree.heads.model import EagleHead, load_head, read_head_config
+
+ASSETS = Path(__file__).resolve().parent.parent / "assets" / "heads"
 
 
-def load_head_for(target, path=None, required: bool = False):
+def shipped_head_dir(target_name: str) -> Path | None:
+    d = ASSETS / target_name
+    return d if (d / "model.safetensors").exists() else None
+
+
+def load_head_for(target, path: str | None = None, required: bool = False) -> EagleHead | None:
     """The head at ``path``, or the one shipped for ``target`` when ``path`` is None (None if none ships)."""
-    if required:
-        raise DraftTreeError(f"no EAGLE head available for {target.name!r}")
-    return None
+    if path is None:
+        d = shipped_head_dir(target.name)
+        if d is None:
+            if required:
+                raise DraftTreeError(f"no EAGLE head ships for {target.name!r}; train one (drafttree train) "
+                                     "and pass --head DIR")
+            return None
+        path = d
+    return load_head(path, target)
+
+
+__all__ = ["EagleHead", "load_head", "load_head_for", "read_head_config", "shipped_head_dir"]

@@ -231,7 +231,8 @@ def _write_atomic_json(path: Path, obj) -> None:
 
 def target_signature(target: LoadedModel) -> dict:
     cfg = target.config
-    return {"name": target.name, "architecture": (getattr(cfg, "architectures", None) or [type(target.model).__name__])[0],
+    arch = (getattr(cfg, "architectures", None) or [type(target.model).__name__])[0]
+    return {"name": target.name, "architecture": arch,
             "model_type": cfg.model_type, "hidden_size": cfg.hidden_size, "vocab_size": target.vocab_size}
 
 

@@ -595,6 +595,8 @@ def evals_prompt(record: dict, mode: str, rng: random.Random) -> str | None:
     if mode == "sys+user":
         return f"{system}\n\n{user}" if system else user
     if mode == "loop":
+        if re.search(r"\b\w \w \w \w\b", user):  # text garbled by PDF extraction ("r e t u r n")
+            return None
         ask = rng.choice(("Will this code run forever, or does it terminate? Explain.",
                           "Does the following program contain an infinite loop? Explain your answer."))
         return f"{ask}\n\n```\n{user}\n```"
@@ -638,9 +640,18 @@ def build_rewrites(passages: Iterable[tuple[str, str]], seed: int = 0) -> list[C
     return _passage_candidates("templates/rewrite", "extraction", passages, seed, _REWRITE_INSTRUCTIONS)
 
 
+_GRIM_NOUNS = frozenset({
+    "abortion", "abuse", "assault", "beating", "bomb", "corpse", "death", "execution", "genocide", "hell",
+    "holocaust", "killer", "killing", "massacre", "murder", "murderer", "panties", "pantie", "porn",
+    "pornography", "prostitute", "prostitution", "rape", "rapist", "slave", "slavery", "suicide", "terror",
+    "terrorism", "terrorist", "torture", "victim", "violence", "weapon",
+})
+
+
 def build_writing_templates(nouns: Sequence[str], quotes: Sequence[str], seed: int = 0) -> list[Candidate]:
     """Writing and roleplay prompts: varied templates filled with real nouns and quotes."""
     out = []
+    nouns = [n for n in nouns if n.strip() and n.lower() not in _GRIM_NOUNS]
     for i, noun in enumerate(sorted(set(nouns))):
         rng = _rng(seed, "writing", noun)
         x = f"the {noun}" if rng.random() < 0.6 and not noun[:1].isupper() else noun
@@ -648,8 +659,8 @@ def build_writing_templates(nouns: Sequence[str], quotes: Sequence[str], seed: i
             role, task = rng.choice(_ROLES), rng.choice(_ROLE_TASKS)
             opener = rng.choice(("Pretend you are {r}.", "You are {r}. Stay in character.",
                                  "Act as {r}.", "Imagine you are {r}."))
-            out.append(Candidate("templates/roleplay", "writing", noun,
-                                 f"{opener.format(r=role)} {task.format(x=x)}"))
+            task = task.format(x=noun if noun[:1].isupper() else f"the {noun}")
+            out.append(Candidate("templates/roleplay", "writing", noun, f"{opener.format(r=role)} {task}"))
         else:
             out.append(Candidate("templates/writing", "writing", noun,
                                  rng.choice(_WRITING_TEMPLATES).format(x=x)))
@@ -690,8 +701,16 @@ def clean_mathqa(text: str) -> str:
     t = re.sub(r"([($])\s+", r"\1", t)
     t = re.sub(r"(\d)\s*/\s*(\d)", r"\1/\2", t)
     t = re.sub(r"(\d)\s*\.\s*(\d)", r"\1.\2", t)
-    t = re.sub(r"(^|[.?!]\s+)([a-z])", lambda m: m.group(1) + m.group(2).upper(), t)
-    return t
+    t = re.sub(r"(\d) (st|nd|rd|th)\b", r"\1\2", t)
+    t = re.sub(r"\b([a-z])\. (?=[a-z]\.)", r"\1.", t)  # "h. c. f." -> "h.c.f."
+
+    def upper(m: re.Match) -> str:
+        # capitalize sentence starts, not the letters after abbreviations such as "h. c. f."
+        word = t[: m.start(1)].rsplit(" ", 1)[-1]
+        return m.group(0) if len(word) < 2 or "." in word else m.group(0)[:-1] + m.group(2).upper()
+
+    t = re.sub(r"([.?!])\s+([a-z])", upper, t)
+    return t[:1].upper() + t[1:]
 
 
 _MATH_SUFFIXES = ("", "", "", " Show your work.", " Explain your reasoning step by step.",
@@ -1174,7 +1193,8 @@ def assemble_prompts(
     if summary.get("short_by"):
         notes.append(f"only {len(picked)} prompts available, {summary['short_by']} short of {n_prompts}")
     for cat, k in summary.get("shortfall", {}).items():
-        notes.append(f"category {cat} had {k} prompts too few; filled from the other categories")
+        notes.append(f"category {cat} had {k} prompts too few; filled from the other categories where "
+                     "possible")
     write_jsonl(Path(out_path), picked)
     summary.update(out_path=str(out_path), bench_dirs=[str(d) for d in bench_dirs],
                    bench_questions=len(questions), sources_dir=str(sources), notes=notes)

@@ -1,0 +1,145 @@
+"""EAGLE drafting with a trained head: chain (``eagle-chain``), EAGLE-1 static tree (``eagle1``) and
+EAGLE-2 dynamic tree (``eagle2``), plus the AdaEAGLE length policies.
+
+The head keeps its own KV cache of *committed* pairs (target feature at t, token t+1). Each round it
+re-encodes the pairs the target just accepted with the target's true features (``observe``), whose last
+output is the predicted feature of the new root; drafting then appends uncommitted tree slots, which
+the next ``observe`` drops, so drafting branches never pollute the committed cache.
+"""
+
+from __future__ import annotations
+
+import torch
+from transformers import DynamicCache
+
+from drafttree.accept import warp_probs
+from drafttree.drafters.base import Drafter, DraftRequest
+from drafttree.errors import DraftTreeError
+from drafttree.heads.model import EagleHead
+from drafttree.target import tree_attention_mask
+from drafttree.tree import (
+    EAGLE1_TREE,
+    DraftTree,
+    grow_chain,
+    grow_dynamic_tree,
+    grow_sampled_chain,
+    grow_static_tree,
+)
+
+
+class EagleState:
+    """The head's cache, committed length and the predicted feature of the current root (a TreeStepper)."""
+
+    def __init__(self, head: EagleHead):
+        self.head = head
+        self.vocab_ids = head.draft_vocab.to(head.fc.weight.device) if head.draft_vocab is not None else None
+        self.cache: DynamicCache | None = None
+        self.committed = 0
+        self.pending = 0
+        self.root_pos = 0
+        self.root_feat: torch.Tensor | None = None
+        self._root_lp: torch.Tensor | None = None
+        self.slot_feats: list[torch.Tensor] = []  # predicted features of this round's expanded slots
+
+    def _run(self, feats: torch.Tensor, ids: torch.Tensor, positions: torch.Tensor, attend: torch.Tensor):
+        mask = tree_attention_mask(attend, self.committed, self.head.fc.weight.dtype)
+        out = self.head(feats[None], ids[None], positions[None], mask, self.cache)
+        return out[0]
+
+    def _crop(self) -> None:
+        if self.pending:
+            for layer in self.cache.layers:
+                layer.keys = layer.keys[:, :, : self.committed]
+                layer.values = layer.values[:, :, : self.committed]
+            self.pending = 0
+        self.slot_feats = []
+
+    @torch.inference_mode()
+    def encode(self, feats: torch.Tensor, next_ids: list[int], start: int) -> None:
+        """Commit true pairs (feature t, token t+1) for positions start.. and predict the next root feature."""
+        if self.cache is None:
+            self.cache = DynamicCache()
+        self._crop()
+        dev = self.head.fc.weight.device
+        n = len(next_ids)
+        causal = torch.tril(torch.ones(n, n, dtype=torch.bool, device=dev))
+        out = self._run(feats.to(dev), torch.tensor(next_ids, device=dev), torch.arange(start, start + n, device=dev),
+                        causal)
+        self.committed += n
+        self.root_pos = start + n
+        self.root_feat = out[-1]
+        self._root_lp = None
+
+    # -- TreeStepper -----------------------------------------------------------------------------------
+    def root_logprobs(self) -> torch.Tensor:
+        if self._root_lp is None:
+            self._root_lp = torch.log_softmax(self.head.draft_logits(self.root_feat).float(), dim=-1)
+        return self._root_lp
+
+    @torch.inference_mode()
+    def expand(self, tokens: torch.Tensor, parent_slots: torch.Tensor, attend: torch.Tensor, depth: int):
+        feats = torch.stack([self.root_feat if s < 0 else self.slot_feats[s] for s in parent_slots.tolist()])
+        pos = torch.full((tokens.numel(),), self.root_pos + depth - 1, dtype=torch.long, device=feats.device)
+        out = self._run(feats, tokens.to(feats.device), pos, attend)
+        self.pending += tokens.numel()
+        self.slot_feats.extend(out.unbind(0))
+        return torch.log_softmax(self.head.draft_logits(out).float(), dim=-1)
+
+
+class EagleDrafter(Drafter):
+    """``shape``: 'chain' (top-1 chain, sampled at T > 0), 'static' (EAGLE-1 tree) or 'dynamic' (EAGLE-2)."""
+
+    def __init__(self, head: EagleHead, shape: str = "dynamic", depth: int = 6, top_k: int = 8,
+                 total_tokens: int | str = 32, tree: list[list[int]] | None = None, name: str | None = None):
+        if shape not in ("chain", "static", "dynamic"):
+            raise DraftTreeError(f"unknown EAGLE draft shape {shape!r}")
+        if depth is None or int(depth) <= 0:
+            raise DraftTreeError(f"depth must be > 0, got {depth}")
+        self.head, self.shape = head, shape
+        self.depth, self.top_k = int(depth), int(top_k)
+        self.total_tokens = total_tokens
+        self.tree = tree or EAGLE1_TREE
+        self.name = name or {"chain": "eagle-chain", "static": "eagle1", "dynamic": "eagle2"}[shape]
+        self.state = EagleState(head)
+
+    def begin(self, prompt: torch.Tensor, prefill_features: torch.Tensor, root: int) -> None:
+        self.state = EagleState(self.head)
+        ids = prompt.reshape(-1).tolist()[1:] + [root]
+        self.state.encode(prefill_features, ids, 0)
+
+    def observe(self, committed: list[int], features: torch.Tensor, next_root: int) -> None:
+        self.state.encode(features, committed[1:] + [next_root], self.state.root_pos)
+
+    def budget(self, req: DraftRequest) -> tuple[int, int]:
+        """(depth, total_tokens) for this round."""
+        total = self.total_tokens if isinstance(self.total_tokens, int) else 32
+        return min(self.depth, req.max_depth), total
+
+    def propose(self, req: DraftRequest) -> DraftTree:
+        depth, total = self.budget(req)
+        if depth <= 0:
+            return DraftTree.root_only(req.root)
+        st = self.state
+        if self.shape == "chain":
+            if not req.sampling.greedy:
+                return grow_sampled_chain(st, req.root, depth, lambda lp: warp_probs(lp, req.sampling),
+                                          req.generator, self.head.lm_head.weight.shape[0])
+            return grow_chain(st, req.root, depth, stop=self.stop_rule(req))
+        if self.shape == "static":
+            paths = [p for p in self.tree if len(p) <= depth]
+            return grow_static_tree(st, req.root, paths)
+        return grow_dynamic_tree(st, req.root, depth, self.top_k, total)
+
+    def stop_rule(self, req: DraftRequest):
+        return None
+
+
+def make_eagle_drafter(method: str, target, head: EagleHead, **options) -> Drafter:
+    if method == "eagle-chain":
+        return EagleDrafter(head, "chain", depth=options.pop("depth", options.pop("k", 4)), **options)
+    if method == "eagle1":
+        return EagleDrafter(head, "static", depth=options.pop("depth", 5), **options)
+    if method == "eagle2":
+        opts = {"top_k": options.pop("top_k_draft", options.pop("top_k", 8)), **options}
+        return EagleDrafter(head, "dynamic", **opts)
+    raise DraftTreeError(f"method {method!r} is not available yet")

@@ -1,0 +1,193 @@
+"""The EAGLE draft head and its checkpoint format.
+
+The head drafts at the feature level: input at position t is ``fc([emb(token t+1); feature(t)])``
+(2H -> H), then decoder layer(s) **of the target's own architecture** (built from the target's config
+through transformers, so Llama, Qwen2, Gemma3, ... need no hand-written copies); its output predicts the
+target's feature at t+1, which the target's frozen LM head turns into draft logits. As in EAGLE-1, layer
+0 has no input norm (its input is fc's output, already on the feature scale) and there is no final norm.
+
+Checkpoint: ``config.json`` + ``model.safetensors`` with EAGLE-1's keys (``fc.weight``, ``fc.bias``,
+``layers.0.*``). Embeddings and LM head are the target's and are not stored. Optional ``d2t`` / ``t2d``
+(EAGLE-3 convention) describe a reduced draft vocabulary: draft id i is token ``i + d2t[i]``.
+``config.json['drafttree']`` records the target the head was trained for. Safetensors only.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file, save_file
+from torch import nn
+
+from drafttree.errors import DraftTreeError
+
+FORMAT = "drafttree-eagle1"
+
+
+def _layer_config(target_config, num_layers: int):
+    cfg = copy.deepcopy(target_config)
+    cfg.num_hidden_layers = num_layers
+    if getattr(cfg, "layer_types", None):
+        cfg.layer_types = ["full_attention"] * num_layers
+    cfg._attn_implementation = "sdpa"
+    return cfg
+
+
+class EagleHead(nn.Module):
+    def __init__(self, target_model: nn.Module, num_layers: int = 1, draft_vocab: torch.Tensor | None = None,
+                 target_name: str = ""):
+        super().__init__()
+        base = target_model.base_model
+        self.target_config = target_model.config
+        self.config = _layer_config(target_model.config, num_layers)
+        self.target_name = target_name
+        h = self.config.hidden_size
+        layer_cls = type(base.layers[0])
+        self.fc = nn.Linear(2 * h, h, bias=True)
+        self.layers = nn.ModuleList([layer_cls(self.config, i) for i in range(num_layers)])
+        self.layers[0].input_layernorm = nn.Identity()
+        self._rotary = [base.rotary_emb]  # the target's own rotary embedding (same positions, same precision)
+        # frozen, shared with the target, never saved
+        self._embed = [base.get_input_embeddings()]
+        self._lm_head = [target_model.get_output_embeddings()]
+        self.set_draft_vocab(draft_vocab)
+
+    # -- vocabulary ------------------------------------------------------------------------------------
+    def set_draft_vocab(self, draft_vocab: torch.Tensor | None) -> None:
+        """Restrict draft logits to these token ids (None = the full vocabulary)."""
+        self.draft_vocab = None if draft_vocab is None else torch.as_tensor(draft_vocab, dtype=torch.long)
+        self._small_head = None
+
+    @property
+    def embed_tokens(self) -> nn.Module:
+        return self._embed[0]
+
+    @property
+    def lm_head(self) -> nn.Module:
+        return self._lm_head[0]
+
+    def draft_head_weight(self) -> torch.Tensor:
+        """LM-head rows of the draft vocabulary (cached; the target's LM head is frozen)."""
+        w = self.lm_head.weight
+        if self.draft_vocab is None:
+            return w
+        if self._small_head is None or self._small_head.device != w.device or self._small_head.dtype != w.dtype:
+            self._small_head = w.detach()[self.draft_vocab.to(w.device)].contiguous()
+        return self._small_head
+
+    def draft_logits(self, features: torch.Tensor) -> torch.Tensor:
+        return torch.nn.functional.linear(features, self.draft_head_weight())
+
+    # -- forward ---------------------------------------------------------------------------------------
+    def forward(self, features: torch.Tensor, next_ids: torch.Tensor, position_ids: torch.Tensor,
+                attention_mask: torch.Tensor | None, cache=None) -> torch.Tensor:
+        """features [B, T, H] at t, next_ids [B, T] tokens t+1 -> predicted features at t+1 [B, T, H]."""
+        emb = self.embed_tokens(next_ids).to(self.fc.weight.dtype)
+        h = self.fc(torch.cat([emb, features.to(self.fc.weight.dtype)], dim=-1))
+        pos_emb = self._rotary[0](h, position_ids)
+        for layer in self.layers:
+            out = layer(h, attention_mask=attention_mask, position_ids=position_ids, past_key_values=cache,
+                        use_cache=cache is not None, position_embeddings=pos_emb)
+            h = out[0] if isinstance(out, tuple) else out
+        return h
+
+    # -- checkpoint ------------------------------------------------------------------------------------
+    def trainable_state(self) -> dict[str, torch.Tensor]:
+        return dict(self.state_dict())
+
+    def save(self, path: str | Path, dtype: torch.dtype | None = torch.bfloat16, extra: dict | None = None) -> None:
+        """Write config.json + model.safetensors atomically (a temp dir renamed into place)."""
+        path = Path(path)
+        tmp = path.with_name(path.name + f".tmp{os.getpid()}")
+        tmp.mkdir(parents=True, exist_ok=True)
+        state = {k: (v.to(dtype) if dtype is not None and v.is_floating_point() else v).contiguous().cpu()
+                 for k, v in self.trainable_state().items()}
+        if self.draft_vocab is not None:
+            ids = self.draft_vocab.cpu()
+            state["d2t"] = ids - torch.arange(ids.numel())
+            t2d = torch.zeros(self.target_config.vocab_size, dtype=torch.bool)
+            t2d[ids] = True
+            state["t2d"] = t2d
+        save_file(state, str(tmp / "model.safetensors"), metadata={"format": "pt"})
+        cfg = self.config.to_dict()
+        for k in ("_attn_implementation_autoset", "transformers_version", "_name_or_path"):
+            cfg.pop(k, None)
+        cfg["bias"] = True
+        cfg["architectures"] = [type(self.layers[0]).__name__.replace("DecoderLayer", "ForCausalLM")]
+        cfg["drafttree"] = {
+            "format": FORMAT,
+            "num_layers": len(self.layers),
+            "draft_vocab_size": None if self.draft_vocab is None else int(self.draft_vocab.numel()),
+            "target": target_signature(self.target_config, self.target_name, self.lm_head.weight.shape[0]),
+            **(extra or {}),
+        }
+        (tmp / "config.json").write_text(json.dumps(cfg, indent=1, default=str))
+        if path.exists():
+            old = path.with_name(path.name + f".old{os.getpid()}")
+            os.replace(path, old)
+            os.replace(tmp, path)
+            for f in old.iterdir():
+                f.unlink()
+            old.rmdir()
+        else:
+            os.replace(tmp, path)
+
+
+def target_signature(config, name: str, vocab_size: int) -> dict:
+    arch = (getattr(config, "architectures", None) or [None])[0]
+    return {"name": name, "architecture": arch, "model_type": config.model_type,
+            "hidden_size": config.hidden_size, "vocab_size": int(vocab_size),
+            "num_hidden_layers": config.num_hidden_layers}
+
+
+def read_head_config(path: str | Path) -> dict:
+    path = Path(path)
+    if not path.exists():
+        raise DraftTreeError(f"head not found: {path}")
+    if not (path / "config.json").exists() or not (path / "model.safetensors").exists():
+        raise DraftTreeError(f"{path} is not a head directory (needs config.json and model.safetensors)")
+    try:
+        return json.loads((path / "config.json").read_text())
+    except json.JSONDecodeError:
+        raise DraftTreeError(f"{path}/config.json is not valid JSON") from None
+
+
+def load_head(path: str | Path, target) -> EagleHead:
+    """Load a head for ``target`` (a LoadedModel), refusing one trained for a different model."""
+    cfg = read_head_config(path)
+    meta = cfg.get("drafttree", {})
+    sig = meta.get("target", {})
+    tcfg = target.model.config
+    vocab = target.vocab_size
+    problems = []
+    if cfg.get("hidden_size") != tcfg.hidden_size:
+        problems.append(f"hidden size {cfg.get('hidden_size')} vs target {tcfg.hidden_size}")
+    if sig.get("vocab_size", cfg.get("vocab_size")) != vocab:
+        problems.append(f"vocab size {sig.get('vocab_size', cfg.get('vocab_size'))} vs target {vocab}")
+    if sig.get("model_type", cfg.get("model_type")) != tcfg.model_type:
+        problems.append(f"architecture {sig.get('model_type', cfg.get('model_type'))} vs target {tcfg.model_type}")
+    if problems:
+        trained = sig.get("name") or "another model"
+        raise DraftTreeError(f"head {path} was trained for {trained} and does not fit {target.name}: "
+                             + "; ".join(problems))
+    try:
+        state = load_file(str(Path(path) / "model.safetensors"), device="cpu")
+    except Exception as e:
+        raise DraftTreeError(f"{path}/model.safetensors is unreadable ({e})") from None
+    d2t = state.pop("d2t", None)
+    state.pop("t2d", None)
+    draft_vocab = None if d2t is None else d2t.long() + torch.arange(d2t.numel())
+    layers = meta.get("num_layers") or cfg.get("num_hidden_layers", 1)
+    head = EagleHead(target.model, num_layers=int(layers), draft_vocab=draft_vocab, target_name=target.name)
+    head.config.intermediate_size = cfg.get("intermediate_size", head.config.intermediate_size)
+    missing, unexpected = head.load_state_dict(state, strict=False)
+    if missing or unexpected:
+        raise DraftTreeError(f"head {path}: weights do not match the architecture "
+                             f"(missing {missing[:3]}, unexpected {unexpected[:3]})")
+    head.to(device=target.device, dtype=target.dtype).eval().requires_grad_(False)
+    head.meta = meta
+    return head

@@ -1,0 +1,410 @@
+"""Train an EAGLE head on extracted target features.
+
+Loss (EAGLE-1): SmoothL1 between the predicted and the target's next feature, plus ``p_weight`` x the
+cross-entropy against the target's own next-token distribution (its frozen LM head applied to the true
+feature), on response positions only, with uniform noise on the input features. Optionally unrolled for
+``ttt_steps`` draft steps (EAGLE-3's training-time test): step s feeds the head its own step s-1
+prediction, attending to the true prefix and to its own earlier steps, exactly as drafting a chain does;
+losses are weighted ``step_decay**(s-1)``.
+
+Reduced draft vocabulary: the loss and the draft logits use the ``draft_vocab`` most frequent response
+tokens (EAGLE-3's d2t idea); the target distribution is renormalised over them.
+
+Built on ``accelerate`` (``accelerate launch -m drafttree.cli train ...`` spreads batches over
+processes). Checkpoints (weights, optimizer state, progress) are safetensors + JSON written atomically;
+``resume`` continues from the last one.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import random
+import shutil
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from safetensors.torch import load_file, save_file
+from tqdm import tqdm
+
+from drafttree.errors import DraftTreeError
+from drafttree.heads.model import EagleHead
+from drafttree.train.data import load_feature_dir
+
+
+@dataclass
+class TrainConfig:
+    features: str
+    out: str
+    num_layers: int = 1
+    draft_vocab: int = 8192  # 0 = full vocabulary
+    epochs: int = 10
+    lr: float = 5e-4
+    min_lr_ratio: float = 0.1
+    warmup_steps: int = 200
+    batch_tokens: int = 8192
+    max_len: int = 2048
+    v_weight: float = 1.0
+    p_weight: float = 0.1
+    noise: float = 0.1  # uniform feature noise half-width, scaled by 512/len as in EAGLE
+    ttt_steps: int = 1
+    step_decay: float = 0.8
+    grad_clip: float = 0.5
+    weight_decay: float = 0.0
+    eval_samples: int = 64
+    eval_every: int = 500
+    eval_depth: int = 5
+    save_every: int = 200
+    seed: int = 0
+    mixed_precision: str = "bf16"  # bf16 | no
+    max_steps: int = 0  # 0 = run all epochs (smoke tests set a small number)
+
+
+# ------------------------------------------------------------------------------------------ data
+
+
+def choose_draft_vocab(samples: list[dict], size: int, vocab_size: int, always: list[int]) -> torch.Tensor | None:
+    """The ``size`` most frequent response tokens (+ ``always``, e.g. EOS), sorted by id."""
+    if not size or size >= vocab_size:
+        return None
+    counts = torch.zeros(vocab_size, dtype=torch.long)
+    for s in samples:
+        counts += torch.bincount(s["input_ids"][s["loss_mask"]], minlength=vocab_size)
+    for t in always:
+        counts[t] = counts.max() + 1
+    ids = counts.topk(size).indices
+    return ids.sort().values
+
+
+def vocab_coverage(samples: list[dict], draft_vocab: torch.Tensor | None, vocab_size: int) -> float:
+    if draft_vocab is None:
+        return 1.0
+    inside = torch.zeros(vocab_size, dtype=torch.bool)
+    inside[draft_vocab] = True
+    tot = hit = 0
+    for s in samples:
+        toks = s["input_ids"][s["loss_mask"]]
+        tot += toks.numel()
+        hit += int(inside[toks].sum())
+    return hit / max(1, tot)
+
+
+def split_samples(samples: list[dict], eval_samples: int, seed: int) -> tuple[list[dict], list[dict]]:
+    order = list(range(len(samples)))
+    random.Random(seed).shuffle(order)
+    n_eval = min(eval_samples, max(1, len(samples) // 10))
+    held = set(order[:n_eval])
+    return [s for i, s in enumerate(samples) if i not in held], [samples[i] for i in sorted(held)]
+
+
+def make_batches(samples: list[dict], batch_tokens: int, max_len: int, seed: int) -> list[list[int]]:
+    """Shuffle, then group samples of similar length so that padded batches stay near ``batch_tokens``."""
+    rng = random.Random(seed)
+    order = list(range(len(samples)))
+    rng.shuffle(order)
+    batches = []
+    chunk = 256  # sort by length within shuffled chunks
+    for c in range(0, len(order), chunk):
+        part = sorted(order[c:c + chunk], key=lambda i: min(max_len, samples[i]["input_ids"].numel()))
+        cur: list[int] = []
+        width = 0
+        for i in part:
+            n = min(max_len, samples[i]["input_ids"].numel())
+            if cur and max(width, n) * (len(cur) + 1) > batch_tokens:
+                batches.append(cur)
+                cur, width = [], 0
+            cur.append(i)
+            width = max(width, n)
+        if cur:
+            batches.append(cur)
+    rng.shuffle(batches)
+    return batches
+
+
+def collate(samples: list[dict], idx: list[int], max_len: int):
+    n = max(min(max_len, samples[i]["input_ids"].numel()) for i in idx)
+    B = len(idx)
+    h = samples[idx[0]]["hidden"].shape[-1]
+    ids = torch.zeros(B, n, dtype=torch.long)
+    mask = torch.zeros(B, n, dtype=torch.bool)
+    valid = torch.zeros(B, n, dtype=torch.bool)
+    feats = torch.zeros(B, n, h, dtype=samples[idx[0]]["hidden"].dtype)
+    for r, i in enumerate(idx):
+        s = samples[i]
+        m = min(max_len, s["input_ids"].numel())
+        ids[r, :m] = s["input_ids"][:m]
+        mask[r, :m] = s["loss_mask"][:m]
+        valid[r, :m] = True
+        feats[r, :m] = s["hidden"][:m]
+    return ids, mask, valid, feats
+
+
+# ------------------------------------------------------------------------------------ the unrolled loss
+
+
+def unrolled_forward(head: EagleHead, feats, ids, mask, valid, steps: int, noise: float, train: bool):
+    """Run ``steps`` draft steps for every anchor position at once.
+
+    Pair t = (feature t, token t+1). Step 1 is teacher-forced (true features); step s >= 2 feeds the
+    head's step s-1 output for the same anchor, at position t+s-1, attending the true pairs <= t and its
+    own steps 2..s (like a drafted chain). Returns a list over steps of (pred [B,T',H], target feature
+    [B,T',H], loss mask [B,T']) where T' = T-1 and step s predicts the feature at t+s.
+    """
+    from transformers import DynamicCache
+
+    B, T, H = feats.shape
+    Tp = T - 1
+    dev = feats.device
+    dtype = head.fc.weight.dtype
+    x = feats[:, :-1].float()
+    if train and noise > 0:
+        x = x + (torch.rand_like(x) - 0.5) * (2 * noise * 512 / max(T, 512))
+    cache = DynamicCache()
+    minval = torch.finfo(torch.float32).min
+    base = mask[:, 1:] & valid[:, 1:]  # the pair's token t+1 is a response token
+    outs = []
+    inp = x
+    causal = torch.tril(torch.ones(Tp, Tp, dtype=torch.bool, device=dev))
+    diag = torch.eye(Tp, dtype=torch.bool, device=dev)
+    for s in range(1, steps + 1):
+        shift = s - 1
+        next_ids = torch.zeros(B, Tp, dtype=torch.long, device=dev)
+        next_ids[:, : Tp - shift] = ids[:, 1 + shift:]
+        pos = (torch.arange(Tp, device=dev) + shift)[None].expand(B, Tp)
+        allowed = torch.cat([causal] + [diag] * shift, dim=1)  # true pairs <= t, own steps 2..s
+        amask = torch.zeros(Tp, Tp * s, device=dev).masked_fill_(~allowed, minval)[None, None]
+        pred = head(inp, next_ids, pos, amask.to(dtype), cache)
+        tgt = torch.zeros(B, Tp, H, device=dev)
+        tgt[:, : Tp - shift] = feats[:, 1 + shift:].float()
+        lm = torch.zeros(B, Tp, dtype=torch.bool, device=dev)
+        if Tp - shift > 0:
+            # every token of the drafted chain t+1 .. t+s is a real response token
+            ok = base.clone()
+            for j in range(1, s):
+                ok[:, : Tp - j] &= base[:, j:]
+                ok[:, Tp - j:] = False
+            lm = ok
+        outs.append((pred, tgt, lm))
+        inp = pred
+    return outs
+
+
+def step_losses(head: EagleHead, outs, cfg: TrainConfig, small_w: torch.Tensor):
+    total = 0.0
+    logs = {}
+    for s, (pred, tgt, lm) in enumerate(outs, 1):
+        w = cfg.step_decay ** (s - 1)
+        denom = lm.sum().clamp(min=1)
+        vloss = (F.smooth_l1_loss(pred.float(), tgt, reduction="none").mean(-1) * lm).sum() / denom
+        with torch.no_grad():
+            tlogits = F.linear(tgt.to(small_w.dtype), small_w).float()
+            tp = torch.softmax(tlogits, -1)
+        dlogits = F.linear(pred.to(small_w.dtype), small_w).float()
+        plogp = torch.log_softmax(dlogits, -1)
+        ploss = (-(tp * plogp).sum(-1) * lm).sum() / denom
+        total = total + w * (cfg.v_weight * vloss + cfg.p_weight * ploss)
+        with torch.no_grad():
+            acc = ((dlogits.argmax(-1) == tlogits.argmax(-1)) & lm).sum().float() / denom
+        logs[f"acc{s}"] = float(acc)
+        logs[f"v{s}"] = float(vloss)
+        logs[f"p{s}"] = float(ploss)
+    return total, logs
+
+
+@torch.no_grad()
+def evaluate(head: EagleHead, samples: list[dict], depth: int, max_len: int, device) -> dict:
+    """Held-out top-1 accuracy of the head's draft at chain steps 1..depth against the target's greedy token
+    (full-vocabulary argmax of the LM head on the true feature), and the chain's expected accepted length."""
+    head.eval()
+    lm_w = head.lm_head.weight
+    hit = torch.zeros(depth)
+    chain_ok = torch.zeros(depth)
+    n = 0
+    vocab_ids = head.draft_vocab.to(device) if head.draft_vocab is not None else None
+    for s in samples:
+        ids, mask, valid, feats = collate([s], [0], max_len)
+        ids, mask, valid, feats = ids.to(device), mask.to(device), valid.to(device), feats.to(device)
+        outs = unrolled_forward(head, feats, ids, mask, valid, depth, 0.0, train=False)
+        base = outs[0][2][0]
+        all_ok = base.clone()
+        n += int(base.sum())
+        for k, (pred, tgt, lm) in enumerate(outs):
+            d = head.draft_logits(pred[0].to(lm_w.dtype)).argmax(-1)
+            d = vocab_ids[d] if vocab_ids is not None else d
+            t = F.linear(tgt[0].to(lm_w.dtype), lm_w).argmax(-1)
+            correct = (d == t) & lm[0]
+            hit[k] += float((correct & base).sum())
+            all_ok &= correct
+            chain_ok[k] += float(all_ok.sum())
+    head.train()
+    n = max(1, n)
+    acc = (hit / n).tolist()
+    chain = (chain_ok / n).tolist()
+    return {"top1": [round(a, 4) for a in acc], "chain_all_correct": [round(c, 4) for c in chain],
+            "expected_chain_tau": round(1.0 + sum(chain), 4), "positions": n}
+
+
+# ------------------------------------------------------------------------------------ checkpointing
+
+
+def _save_checkpoint(ckpt_dir: Path, head: EagleHead, opt: torch.optim.Optimizer, progress: dict) -> None:
+    tmp = ckpt_dir.with_name(ckpt_dir.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    save_file({k: v.detach().float().contiguous().cpu() for k, v in head.trainable_state().items()},
+              str(tmp / "head.safetensors"))
+    opt_tensors, opt_meta = {}, {"param_groups": [], "steps": {}}
+    names = {id(p): n for n, p in head.named_parameters()}
+    for g in opt.param_groups:
+        opt_meta["param_groups"].append({k: v for k, v in g.items() if k != "params"})
+        for p in g["params"]:
+            st = opt.state.get(p)
+            if not st:
+                continue
+            name = names[id(p)]
+            opt_tensors[f"{name}.exp_avg"] = st["exp_avg"].contiguous().cpu()
+            opt_tensors[f"{name}.exp_avg_sq"] = st["exp_avg_sq"].contiguous().cpu()
+            opt_meta["steps"][name] = float(st["step"])
+    save_file(opt_tensors or {"empty": torch.zeros(1)}, str(tmp / "optimizer.safetensors"))
+    (tmp / "optimizer.json").write_text(json.dumps(opt_meta))
+    (tmp / "progress.json").write_text(json.dumps(progress, indent=1))
+    if ckpt_dir.exists():
+        old = ckpt_dir.with_name(ckpt_dir.name + ".old")
+        shutil.rmtree(old, ignore_errors=True)
+        os.replace(ckpt_dir, old)
+        os.replace(tmp, ckpt_dir)
+        shutil.rmtree(old, ignore_errors=True)
+    else:
+        os.replace(tmp, ckpt_dir)
+
+
+def _load_checkpoint(ckpt_dir: Path, head: EagleHead, opt: torch.optim.Optimizer) -> dict:
+    state = load_file(str(ckpt_dir / "head.safetensors"))
+    head.load_state_dict({k: v.to(head.fc.weight.dtype) for k, v in state.items()}, strict=True)
+    tensors = load_file(str(ckpt_dir / "optimizer.safetensors"))
+    meta = json.loads((ckpt_dir / "optimizer.json").read_text())
+    for g, gm in zip(opt.param_groups, meta["param_groups"]):
+        g.update(gm)
+    for name, p in head.named_parameters():
+        if name in meta["steps"]:
+            opt.state[p] = {"step": torch.tensor(meta["steps"][name]),
+                            "exp_avg": tensors[f"{name}.exp_avg"].to(p.device),
+                            "exp_avg_sq": tensors[f"{name}.exp_avg_sq"].to(p.device)}
+    return json.loads((ckpt_dir / "progress.json").read_text())
+
+
+def lr_at(step: int, total: int, cfg: TrainConfig) -> float:
+    if step < cfg.warmup_steps:
+        return cfg.lr * (step + 1) / cfg.warmup_steps
+    frac = (step - cfg.warmup_steps) / max(1, total - cfg.warmup_steps)
+    return cfg.lr * (cfg.min_lr_ratio + (1 - cfg.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * min(1.0, frac))))
+
+
+# ------------------------------------------------------------------------------------------- train
+
+
+def train_head(target, cfg: TrainConfig, resume: bool = False, show_progress: bool = True) -> dict:
+    """Train a head for ``target`` (a LoadedModel) from ``cfg.features``; writes ``cfg.out``."""
+    from accelerate import Accelerator
+
+    out = Path(cfg.out)
+    ckpt = out / "checkpoint"
+    if out.exists() and (ckpt / "progress.json").exists() and not resume:
+        raise DraftTreeError(f"{out} already holds a training run; pass --resume to continue it or pick another --out")
+    manifest, samples = load_feature_dir(cfg.features)
+    sig = manifest["target"]
+    if sig["hidden_size"] != target.config.hidden_size or sig["vocab_size"] != target.vocab_size:
+        raise DraftTreeError(f"features in {cfg.features} were extracted from {sig['name']} "
+                             f"(hidden {sig['hidden_size']}, vocab {sig['vocab_size']}), not {target.name}")
+    train_set, eval_set = split_samples(samples, cfg.eval_samples, cfg.seed)
+    if not train_set:
+        raise DraftTreeError("no training samples left after the held-out split")
+    acc = Accelerator(mixed_precision=cfg.mixed_precision if cfg.mixed_precision != "no" else "no", cpu=None)
+    dev = acc.device
+    target.model.to(dev)
+    eos = sorted(target.eos_token_ids())
+    draft_vocab = choose_draft_vocab(train_set, cfg.draft_vocab, target.vocab_size, eos)
+    coverage = vocab_coverage(eval_set, draft_vocab, target.vocab_size)
+    torch.manual_seed(cfg.seed)
+    head = EagleHead(target.model, cfg.num_layers, draft_vocab, target_name=target.name).to(dev).float()
+    head.train()
+    opt = torch.optim.AdamW([p for p in head.parameters() if p.requires_grad], lr=cfg.lr, betas=(0.9, 0.95),
+                            weight_decay=cfg.weight_decay)
+    head, opt = acc.prepare(head, opt)
+    raw = acc.unwrap_model(head)
+    progress = {"epoch": 0, "batch": 0, "step": 0, "history": [], "config": asdict(cfg), "seconds": 0.0,
+                "tokens": 0}
+    if resume and (ckpt / "progress.json").exists():
+        progress = _load_checkpoint(ckpt, raw, opt)
+        if acc.is_main_process:
+            print(f"[drafttree] resuming at epoch {progress['epoch']} batch {progress['batch']} "
+                  f"(step {progress['step']})", flush=True)
+    per_epoch = [make_batches(train_set, cfg.batch_tokens, cfg.max_len, cfg.seed + e) for e in range(cfg.epochs)]
+    total_steps = sum(len(b) for b in per_epoch) // acc.num_processes
+    if cfg.max_steps:
+        total_steps = min(total_steps, cfg.max_steps)
+    small_w = raw.draft_head_weight().detach()
+    t_start = time.time() - progress["seconds"]
+    bar = tqdm(total=total_steps, initial=progress["step"], desc="train head", unit="step",
+               disable=not (show_progress and acc.is_main_process))
+    info = {"train_samples": len(train_set), "eval_samples": len(eval_set),
+            "train_loss_tokens": int(sum(int(s["loss_mask"].sum()) for s in train_set)),
+            "draft_vocab": cfg.draft_vocab, "draft_vocab_coverage": round(coverage, 4)}
+    last_eval = None
+    done = False
+    for epoch in range(progress["epoch"], cfg.epochs):
+        batches = per_epoch[epoch][acc.process_index::acc.num_processes]
+        for b in range(progress["batch"] if epoch == progress["epoch"] else 0, len(batches)):
+            if cfg.max_steps and progress["step"] >= cfg.max_steps:
+                done = True
+                break
+            ids, mask, valid, feats = (t.to(dev) for t in collate(train_set, batches[b], cfg.max_len))
+            for g in opt.param_groups:
+                g["lr"] = lr_at(progress["step"], total_steps, cfg)
+            with acc.autocast():
+                outs = unrolled_forward(raw, feats, ids, mask, valid, cfg.ttt_steps, cfg.noise, train=True)
+                loss, logs = step_losses(raw, outs, cfg, small_w)
+            opt.zero_grad(set_to_none=True)
+            acc.backward(loss)
+            if cfg.grad_clip:
+                acc.clip_grad_norm_(head.parameters(), cfg.grad_clip)
+            opt.step()
+            progress["step"] += 1
+            progress["batch"] = b + 1
+            progress["epoch"] = epoch
+            progress["tokens"] += int(valid.sum())
+            progress["seconds"] = time.time() - t_start
+            bar.update(1)
+            bar.set_postfix(ep=epoch, loss=f"{float(loss):.3f}", acc1=f"{logs['acc1']:.3f}",
+                            tok_s=f"{progress['tokens'] / max(1e-9, progress['seconds']):.0f}")
+            if cfg.eval_every and progress["step"] % cfg.eval_every == 0 and acc.is_main_process:
+                last_eval = evaluate(raw, eval_set, cfg.eval_depth, cfg.max_len, dev)
+                progress["history"].append({"step": progress["step"], "epoch": epoch, "eval": last_eval,
+                                            "loss": float(loss), **logs})
+                bar.write(f"[eval step {progress['step']}] top1 {last_eval['top1']} "
+                          f"chain tau {last_eval['expected_chain_tau']}")
+            if cfg.save_every and progress["step"] % cfg.save_every == 0 and acc.is_main_process:
+                _save_checkpoint(ckpt, raw, opt, progress)
+        if done:
+            break
+        progress["epoch"], progress["batch"] = epoch + 1, 0
+        if acc.is_main_process:
+            last_eval = evaluate(raw, eval_set, cfg.eval_depth, cfg.max_len, dev)
+            progress["history"].append({"step": progress["step"], "epoch": epoch + 1, "eval": last_eval})
+            bar.write(f"[epoch {epoch + 1}] held-out top1 by step {last_eval['top1']}, "
+                      f"chain tau {last_eval['expected_chain_tau']}")
+            _save_checkpoint(ckpt, raw, opt, progress)
+    bar.close()
+    if last_eval is None:
+        last_eval = evaluate(raw, eval_set, cfg.eval_depth, cfg.max_len, dev)
+    summary = {**info, "steps": progress["step"], "train_seconds": round(progress["seconds"], 1),
+               "tokens_seen": progress["tokens"], "eval": last_eval}
+    if acc.is_main_process:
+        _save_checkpoint(ckpt, raw, opt, progress)
+        raw.save(out / "head", dtype=torch.bfloat16, extra={"training": summary})
+        (out / "summary.json").write_text(json.dumps(summary, indent=1))
+    return summary

@@ -1,0 +1,77 @@
+"""Greedy losslessness on the real default model in float32: every method == plain decoding, token for token."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+from drafttree.api import SpeculativeModel
+from drafttree.models import LoadedModel
+
+PROMPTS = [
+    "Write a short story about a lighthouse keeper who finds a message in a bottle.",
+    "Explain the difference between a list and a tuple in Python, with examples.",
+    "Repeat the following sentence three times, exactly: The quick brown fox jumps over the lazy dog.",
+    "Here is some code:\n\ndef add(a, b):\n    return a + b\n\ndef sub(a, b):\n    return a - b\n\n"
+    "Rewrite both functions with type hints and docstrings.",
+    "List the first ten prime numbers and explain how you found them.",
+    "Translate to French: Good morning, how are you today? I would like a cup of coffee.",
+    "Summarize: The city council met on Tuesday to discuss the new park. The park will have a playground, "
+    "a pond and walking trails. The council voted to approve the park, which will open next spring.",
+    "What are three tips for staying productive while working from home?",
+    'Copy this JSON and add a field "age": 30 to it: {"name": "Ana", "city": "Lisbon", "job": "engineer"}',
+    "If a train travels 60 miles per hour for 2.5 hours, how far does it go? Show your steps.",
+    "Write a haiku about autumn leaves.",
+]
+
+MAX_NEW = 64
+
+
+def truncated_copy(lm: LoadedModel, layers: int) -> LoadedModel:
+    """A draft that shares the target's vocabulary but disagrees often: its first ``layers`` layers only."""
+    model = copy.deepcopy(lm.model)
+    model.model.layers = model.model.layers[:layers]
+    model.config.num_hidden_layers = layers
+    return LoadedModel(model=model, tokenizer=lm.tokenizer, name=f"{lm.name}-first{layers}", source=lm.source)
+
+
+@pytest.fixture(scope="module")
+def references(default_fp32):
+    """Plain decoding through transformers' own generate: the ground truth."""
+    sm = SpeculativeModel(default_fp32, method="ar")
+    refs = []
+    for p in PROMPTS:
+        ids = sm.encode_prompt(p)
+        with torch.no_grad():
+            out = default_fp32.model.generate(ids[None], attention_mask=torch.ones_like(ids)[None],
+                                              max_new_tokens=MAX_NEW, do_sample=False)
+        refs.append(out[0, ids.numel():].tolist())
+    return refs
+
+
+def _check_method(sm: SpeculativeModel, method: str, references) -> list[float]:
+    taus = []
+    for p, ref in zip(PROMPTS, references):
+        res = sm.generate(p, max_new_tokens=MAX_NEW, method=method)
+        assert res.tokens == ref, f"{method} diverged on {p[:40]!r}"
+        taus.append(res.tau)
+    return taus
+
+
+def test_ar_equals_transformers_generate(default_fp32, references):
+    _check_method(SpeculativeModel(default_fp32, method="ar"), "ar", references)
+
+
+def test_lookup_is_lossless(default_fp32, references):
+    taus = _check_method(SpeculativeModel(default_fp32, method="lookup"), "lookup", references)
+    assert max(taus) > 1.5, "prompt lookup should propose and get accepted on the copy-heavy prompts"
+
+
+@pytest.mark.parametrize("opts", [{"k": 4}, {"k": 5, "tree": True, "top_k": 3, "total_tokens": 12}])
+def test_draft_model_is_lossless(default_fp32, references, opts):
+    draft = truncated_copy(default_fp32, 10)
+    sm = SpeculativeModel(default_fp32, method="draft", draft=draft, **opts)
+    taus = _check_method(sm, "draft", references)
+    assert 1.0 < sum(taus) / len(taus) < 1.0 + opts["k"], "the truncated draft is accepted sometimes, not always"
