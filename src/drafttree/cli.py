@@ -138,7 +138,11 @@ def _print_verbose(res) -> None:
               f"{s.accept_lengths[:40]}{' ...' if len(s.accept_lengths) > 40 else ''}", file=sys.stderr)
     if s.rounds:
         keys = sorted({k for r in s.rounds for k in r})
-        print("  drafter: " + ", ".join(f"{k}={s.rounds[0][k]}" for k in keys if k in s.rounds[0]), file=sys.stderr)
+        parts = []
+        for k in keys:
+            vals = [r[k] for r in s.rounds if k in r]
+            parts.append(f"{k} mean {sum(vals) / len(vals):.2f} (first {vals[0]}, last {vals[-1]})")
+        print("  per round: " + "; ".join(parts), file=sys.stderr)
 
 
 # ------------------------------------------------------------------------------------------- models

@@ -15,6 +15,7 @@ builder serves every drafter:
 from __future__ import annotations
 
 import math
+import time
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -48,6 +49,8 @@ class DraftTree:
     # nodes unused); ``sampled[i]`` says which. Deterministic nodes (top-k, lookup) are point masses.
     draft_probs: torch.Tensor | None = None
     sampled: torch.Tensor | None = None
+    # sum over draft nodes of exp(score): the draft's own estimate of the accepted length (dynamic trees)
+    expected_accept: float | None = None
 
     @property
     def size(self) -> int:
@@ -121,28 +124,39 @@ def _to_token_ids(stepper: TreeStepper, idx: torch.Tensor) -> torch.Tensor:
     return idx if stepper.vocab_ids is None else stepper.vocab_ids[idx]
 
 
-def grow_dynamic_tree(stepper: TreeStepper, root: int, depth: int, top_k: int, total_tokens: int) -> DraftTree:
+def grow_dynamic_tree(stepper: TreeStepper, root: int, depth: int, top_k: int, total_tokens: int,
+                      budget=None) -> DraftTree:
     """EAGLE-2 expand-and-rerank.
 
     Depth 1: the root's ``top_k`` children. Each further depth expands the ``top_k`` best frontier nodes
     (by global score = sum of log-probs along the path), scoring all ``top_k**2`` of their children. Then
     the best ``total_tokens - 1`` candidates over all depths are verified. A child never outscores its parent
     (log-probs <= 0) and ties keep creation order, so the kept set is connected.
+
+    With a ``budget`` (:class:`drafttree.budget.TreeBudget`), ``depth`` and ``total_tokens`` are upper
+    bounds: drafting stops when one more level is not expected to pay for itself, and the verified size
+    maximises expected tokens per second on this machine.
     """
+    t0 = time.perf_counter()
     root_lp = stepper.root_logprobs()
     dev = root_lp.device
     k = min(top_k, root_lp.shape[-1])
     lp, idx = root_lp.topk(k)
-    cand_tokens = [_to_token_ids(stepper, idx)]
-    cand_scores = [lp.clamp(max=0.0).float()]
     cand_parents = [torch.full((k,), -1, dtype=torch.long, device=dev)]  # candidate index of the parent
     frontier = torch.arange(k, device=dev)  # candidate indices of the nodes to expand next
     frontier_slot_parent = torch.full((k,), -1, dtype=torch.long, device=dev)  # parent's expansion slot
     expanded_anc = torch.zeros(0, 0, dtype=torch.bool, device=dev)  # ancestry among expanded slots
     n_cand = k
-    all_tokens = cand_tokens[0]
-    all_scores = cand_scores[0]
+    all_tokens = _to_token_ids(stepper, idx)
+    all_scores = lp.clamp(max=0.0).float()
+    level_seconds = 0.0
     for d in range(1, depth):
+        if budget is not None and d > 1:
+            now = time.perf_counter()
+            best = torch.sort(all_scores, descending=True).values
+            if not budget.worth_deeper(best, all_scores[frontier], now - t0, level_seconds):
+                break
+        t_level = time.perf_counter()
         m = frontier.numel()
         e = expanded_anc.shape[0]
         # new slots e..e+m-1 see their parent's ancestry plus themselves
@@ -160,21 +174,23 @@ def grow_dynamic_tree(stepper: TreeStepper, root: int, depth: int, top_k: int, t
         lp, idx = child_lp.topk(kk, dim=-1)  # [m, kk]
         scores = (all_scores[frontier][:, None] + lp.clamp(max=0.0).float()).reshape(-1)
         tokens = _to_token_ids(stepper, idx).reshape(-1)
-        parents = frontier[:, None].expand(m, kk).reshape(-1)
-        cand_tokens.append(tokens)
-        cand_scores.append(scores)
-        cand_parents.append(parents)
+        cand_parents.append(frontier[:, None].expand(m, kk).reshape(-1))
         all_tokens = torch.cat([all_tokens, tokens])
         all_scores = torch.cat([all_scores, scores])
         if d + 1 < depth:
-            best = scores.topk(min(top_k, scores.numel())).indices
-            frontier = n_cand + best
-            frontier_slot_parent = e + torch.div(best, kk, rounding_mode="floor")
+            best_children = scores.topk(min(top_k, scores.numel())).indices
+            frontier = n_cand + best_children
+            frontier_slot_parent = e + torch.div(best_children, kk, rounding_mode="floor")
         n_cand += tokens.numel()
+        level_seconds = time.perf_counter() - t_level
     parents_all = torch.cat(cand_parents)
-    keep = min(total_tokens - 1, n_cand)
-    order = torch.sort(all_scores, descending=True, stable=True).indices[:keep]
-    chosen = torch.sort(order).values  # creation order is topological
+    order = torch.sort(all_scores, descending=True, stable=True).indices
+    if budget is not None:
+        keep = budget.choose_total(all_scores[order], time.perf_counter() - t0) - 1
+    else:
+        keep = total_tokens - 1
+    keep = max(0, min(keep, n_cand))
+    chosen = torch.sort(order[:keep]).values  # creation order is topological
     new_index = torch.full((n_cand,), -1, dtype=torch.long, device=dev)
     new_index[chosen] = torch.arange(1, keep + 1, device=dev)
     par = parents_all[chosen]
@@ -183,7 +199,9 @@ def grow_dynamic_tree(stepper: TreeStepper, root: int, depth: int, top_k: int, t
         raise RuntimeError("dynamic tree selection is not ancestor-closed")
     tokens = torch.cat([torch.tensor([root], dtype=torch.long, device=dev), all_tokens[chosen]])
     parents = torch.cat([torch.tensor([-1], dtype=torch.long, device=dev), par_new])
-    return DraftTree.from_parents(tokens, parents)
+    tree = DraftTree.from_parents(tokens, parents)
+    tree.expected_accept = float(all_scores[chosen].exp().sum())
+    return tree
 
 
 # EAGLE-1's default static tree (mc_sim_7b_63): top-k rank paths, 25 draft nodes over 5 depths.

@@ -9,10 +9,13 @@ the next ``observe`` drops, so drafting branches never pollute the committed cac
 
 from __future__ import annotations
 
+import time
+
 import torch
 from transformers import DynamicCache
 
 from drafttree.accept import warp_probs
+from drafttree.budget import TreeBudget, cost_model_for
 from drafttree.drafters.base import Drafter, DraftRequest
 from drafttree.errors import DraftTreeError
 from drafttree.heads.model import EagleHead
@@ -90,14 +93,21 @@ class EagleDrafter(Drafter):
     """``shape``: 'chain' (top-1 chain, sampled at T > 0), 'static' (EAGLE-1 tree) or 'dynamic' (EAGLE-2)."""
 
     def __init__(self, head: EagleHead, shape: str = "dynamic", depth: int = 6, top_k: int = 8,
-                 total_tokens: int | str = 32, tree: list[list[int]] | None = None, name: str | None = None):
+                 total_tokens: int | str = "auto", tree: list[list[int]] | None = None, name: str | None = None,
+                 budget=None):
         if shape not in ("chain", "static", "dynamic"):
             raise DraftTreeError(f"unknown EAGLE draft shape {shape!r}")
         if depth is None or int(depth) <= 0:
             raise DraftTreeError(f"depth must be > 0, got {depth}")
         self.head, self.shape = head, shape
         self.depth, self.top_k = int(depth), int(top_k)
-        self.total_tokens = total_tokens
+        if total_tokens != "auto" and (not str(total_tokens).isdigit() or int(total_tokens) < 1):
+            raise DraftTreeError(f"total_tokens must be a positive integer or 'auto', got {total_tokens!r}")
+        self.total_tokens = total_tokens if total_tokens == "auto" else int(total_tokens)
+        self.budget = budget if self.total_tokens == "auto" and shape == "dynamic" else None
+        if self.total_tokens == "auto" and shape == "dynamic" and budget is None:
+            raise DraftTreeError("total_tokens='auto' needs a TreeBudget (make_eagle_drafter builds one)")
+        self._round = None
         self.tree = tree or EAGLE1_TREE
         self.name = name or {"chain": "eagle-chain", "static": "eagle1", "dynamic": "eagle2"}[shape]
         self.state = EagleState(head)
@@ -108,30 +118,48 @@ class EagleDrafter(Drafter):
         self.state.encode(prefill_features, ids, 0)
 
     def observe(self, committed: list[int], features: torch.Tensor, next_root: int) -> None:
+        if self.budget is not None and self._round is not None:
+            expected, t_start, t_draft, n = self._round
+            now = time.perf_counter()
+            self.budget.observe(expected, len(committed) - 1, now - t_start, t_draft, self.budget.cost.verify(n))
+            self._round = None
         self.state.encode(features, committed[1:] + [next_root], self.state.root_pos)
 
-    def budget(self, req: DraftRequest) -> tuple[int, int]:
-        """(depth, total_tokens) for this round."""
-        total = self.total_tokens if isinstance(self.total_tokens, int) else 32
-        return min(self.depth, req.max_depth), total
+    def round_depth(self, req: DraftRequest) -> int:
+        """The draft depth for this round (length policies override this)."""
+        return min(self.depth, req.max_depth)
 
     def propose(self, req: DraftRequest) -> DraftTree:
-        depth, total = self.budget(req)
+        depth = self.round_depth(req)
         if depth <= 0:
             return DraftTree.root_only(req.root)
         st = self.state
+        if self.shape == "dynamic":
+            t0 = time.perf_counter()
+            total = self.total_tokens if self.budget is None else self.budget.max_total
+            tree = grow_dynamic_tree(st, req.root, depth, self.top_k, total, budget=self.budget)
+            if self.budget is not None:
+                self._round = (tree.expected_accept or 0.0, t0, time.perf_counter() - t0, tree.size)
+                req.info.update(tree_tokens=tree.size, depth=tree.max_depth,
+                                calibration=round(self.budget.calibration, 3))
+            return tree
         if self.shape == "chain":
             if not req.sampling.greedy:
                 return grow_sampled_chain(st, req.root, depth, lambda lp: warp_probs(lp, req.sampling),
                                           req.generator, self.head.lm_head.weight.shape[0])
             return grow_chain(st, req.root, depth, stop=self.stop_rule(req))
-        if self.shape == "static":
-            paths = [p for p in self.tree if len(p) <= depth]
-            return grow_static_tree(st, req.root, paths)
-        return grow_dynamic_tree(st, req.root, depth, self.top_k, total)
+        paths = [p for p in self.tree if len(p) <= depth]
+        return grow_static_tree(st, req.root, paths)
 
     def stop_rule(self, req: DraftRequest):
         return None
+
+
+def make_budget(target, max_total: int = 64) -> TreeBudget:
+    """A TreeBudget with this machine's verify-cost curve for ``target`` (measured once, then cached)."""
+    from drafttree.target import TargetModel
+
+    return TreeBudget(cost_model_for(TargetModel(target.model), target.name), max_total=max_total)
 
 
 def make_eagle_drafter(method: str, target, head: EagleHead, **options) -> Drafter:
@@ -141,5 +169,8 @@ def make_eagle_drafter(method: str, target, head: EagleHead, **options) -> Draft
         return EagleDrafter(head, "static", depth=options.pop("depth", 5), **options)
     if method == "eagle2":
         opts = {"top_k": options.pop("top_k_draft", options.pop("top_k", 8)), **options}
+        if str(opts.get("total_tokens", "auto")) == "auto":
+            opts["total_tokens"] = "auto"
+            opts["budget"] = make_budget(target, max_total=opts.pop("max_total", 64))
         return EagleDrafter(head, "dynamic", **opts)
     raise DraftTreeError(f"method {method!r} is not available yet")
