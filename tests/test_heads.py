@@ -1,0 +1,101 @@
+"""EAGLE head: architecture from the target's own layer class, checkpoint format, mismatch errors,
+lossless decoding with any head (even an untrained one) on two architectures."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from drafttree.accept import Sampling
+from drafttree.decode import DecodeStats, decode
+from drafttree.drafters.base import Drafter
+from drafttree.drafters.eagle import EagleDrafter, make_eagle_drafter
+from drafttree.errors import DraftTreeError
+from drafttree.heads.model import EagleHead, load_head
+from drafttree.models import LoadedModel
+from drafttree.target import TargetModel
+from tests.conftest import tiny_causal_lm
+
+
+def _lm(arch="llama", vocab=64, hidden=32, seed=0) -> LoadedModel:
+    return LoadedModel(tiny_causal_lm(arch, vocab=vocab, hidden=hidden, seed=seed), None, f"tiny-{arch}", "")
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+def test_head_uses_target_layer_class_and_eagle1_keys(arch, tmp_path):
+    lm = _lm(arch)
+    head = EagleHead(lm.model, num_layers=1, draft_vocab=torch.arange(5, 40), target_name=lm.name)
+    assert type(head.layers[0]) is type(lm.model.base_model.layers[0])
+    assert isinstance(head.layers[0].input_layernorm, torch.nn.Identity)
+    head.save(tmp_path / "h")
+    keys = set(load_file(str(tmp_path / "h" / "model.safetensors")))
+    assert {"fc.weight", "fc.bias", "d2t", "t2d"} <= keys
+    assert all(k.startswith(("fc.", "layers.0.", "d2t", "t2d")) for k in keys), keys
+    assert not any("embed" in k or "lm_head" in k for k in keys), "embeddings/LM head are the target's"
+    assert not any("input_layernorm" in k for k in keys)
+    cfg = json.loads((tmp_path / "h" / "config.json").read_text())
+    assert cfg["drafttree"]["target"]["name"] == lm.name
+    assert cfg["drafttree"]["target"]["vocab_size"] == 64 and cfg["hidden_size"] == 32
+    loaded = load_head(tmp_path / "h", lm)
+    assert torch.equal(loaded.draft_vocab, torch.arange(5, 40))
+    for k, v in head.state_dict().items():
+        torch.testing.assert_close(loaded.state_dict()[k].float(), v.to(torch.bfloat16).float())
+
+
+def test_head_mismatch_is_a_clear_error(tmp_path):
+    head = EagleHead(_lm("llama", vocab=64, hidden=32).model, target_name="tiny-a")
+    head.save(tmp_path / "h")
+    with pytest.raises(DraftTreeError, match="vocab size"):
+        load_head(tmp_path / "h", _lm("llama", vocab=80, hidden=32))
+    with pytest.raises(DraftTreeError, match="hidden size"):
+        load_head(tmp_path / "h", _lm("llama", vocab=64, hidden=48))
+    with pytest.raises(DraftTreeError, match="architecture"):
+        load_head(tmp_path / "h", _lm("qwen2", vocab=64, hidden=32))
+    with pytest.raises(DraftTreeError, match="not found"):
+        load_head(tmp_path / "nope", _lm())
+    (tmp_path / "bad").mkdir()
+    with pytest.raises(DraftTreeError, match="not a head directory"):
+        load_head(tmp_path / "bad", _lm())
+    (tmp_path / "h" / "model.safetensors").write_bytes(b"garbage")
+    with pytest.raises(DraftTreeError, match="unreadable"):
+        load_head(tmp_path / "h", _lm())
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+@pytest.mark.parametrize("method", ["eagle-chain", "eagle1", "eagle2"])
+def test_any_head_is_lossless_greedy(arch, method):
+    lm = _lm(arch, seed=3)
+    tm = TargetModel(lm.model)
+    prompt = torch.tensor([3, 4, 5, 6, 7, 8, 3, 4, 5])
+    ref = [t for s in decode(tm, Drafter(), prompt, Sampling(), 48) for t in s]
+    head = EagleHead(lm.model, draft_vocab=torch.arange(2, 60))
+    opts = {"total_tokens": 12} if method == "eagle2" else {}
+    d = make_eagle_drafter(method, lm, head, **opts)
+    st = DecodeStats()
+    out = [t for s in decode(tm, d, prompt, Sampling(), 48, stats=st) for t in s]
+    assert out == ref
+    assert max(st.tree_sizes) > 1
+
+
+def test_head_cache_is_not_polluted_by_branches():
+    """After a round, the head's committed cache equals a fresh encoding of the accepted pairs."""
+    lm = _lm("llama", seed=5)
+    head = EagleHead(lm.model)
+    tm = TargetModel(lm.model)
+    prompt = torch.tensor([3, 4, 5, 6, 7])
+    d = EagleDrafter(head, "dynamic", depth=3, top_k=3, total_tokens=8)
+    out = [t for s in decode(tm, d, prompt, Sampling(), 12) for t in s]
+    # rebuild from scratch: target features of the whole text, head encoding of every pair
+    ids = prompt.tolist() + out
+    with torch.no_grad():
+        feats = lm.model.base_model(torch.tensor([ids[:-1]])).last_hidden_state[0]
+    fresh = EagleDrafter(head, "dynamic", depth=3, top_k=3, total_tokens=8)
+    fresh.state.encode(feats, ids[1:], 0)
+    a, b = d.state, fresh.state
+    assert a.committed == b.committed == len(ids) - 1
+    torch.testing.assert_close(a.root_feat, b.root_feat, atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(a.cache.layers[0].keys[:, :, : a.committed], b.cache.layers[0].keys, atol=1e-4,
+                               rtol=1e-4)
