@@ -155,9 +155,32 @@ def test_select_prompts_end_to_end():
     pool = _pool() + [P.Candidate("q2", "qa", "x", "Who played Anna in Once Upon a Time?")]
     picked, summary = P.select_prompts(pool, 60, seed=0, bench_index=P.BenchIndex(BENCH_QUESTIONS))
     assert summary["dropped"]["bench_overlap"] == 1
-    assert summary["bench_overlap_examples"] == ["q2:x"]
+    assert summary["bench_overlap_examples"] == [pool[-1].id]
     assert summary["total"] == 60 and sum(summary["per_category"].values()) == 60
     assert all(c.source != "q2" for c in picked)
+
+
+# ---- ids
+
+
+def test_ids_come_from_source_and_text_not_position():
+    a = P.Candidate("src", "qa", "0", "What is the capital of Peru?")
+    assert a.id.startswith("src:") and len(a.id) == len("src:") + 16
+    assert P.Candidate("src", "qa", "99", "What is the capital of Peru?").id == a.id
+    assert P.Candidate("other", "qa", "0", "What is the capital of Peru?").id != a.id
+    assert P.Candidate("src", "qa", "0", "What is the capital of Chile?").id != a.id
+    # stripping whitespace during cleaning gives the id of the stripped text
+    kept, _ = P.clean_candidates([P.Candidate("src", "qa", "0", "  What is the capital of Peru?  ")])
+    assert kept[0].id == a.id
+
+
+def test_mix_ids_do_not_depend_on_input_order():
+    pool = _pool()
+    shuffled = list(pool)
+    random.Random(3).shuffle(shuffled)
+    a, _ = P.mix(pool, 70, seed=4)
+    b, _ = P.mix(shuffled, 70, seed=4)
+    assert [x.id for x in a] == [x.id for x in b]
 
 
 # ---- output format
@@ -221,6 +244,26 @@ def test_build_topical_chat_last_utterance():
     assert all(c.category == "chat" for c in out)
 
 
+def test_evals_prompt_clean_sys_and_context_modes():
+    rng = random.Random(0)
+    rec = {"input": [{"role": "system", "content": "You are a helpful assistant."},
+                     {"role": "user", "content": "Was Abraham Lincoln born before Franklin Pierce? Answer Y or N."}]}
+    assert P.evals_prompt(rec, "clean", rng) == "Was Abraham Lincoln born before Franklin Pierce?"
+    rec = {"input": [{"role": "user", "content": "What is the husband's age? Please give only the numerical "
+                      "answer as a single integer indicating the number of years. Do not give any reasoning "
+                      "or logic for your answer."}]}
+    assert P.evals_prompt(rec, "clean", rng) == "What is the husband's age?"
+    assert P.strip_answer_format("How many? Put your final answer inside brackets([]).") == "How many?"
+    riddle = {"input": [{"role": "system", "content": "Solve this riddle: who owns the zebra?"}]}
+    assert P.evals_prompt(riddle, "sys", rng) == "Solve this riddle: who owns the zebra?"
+    ctx = {"input": [{"role": "user", "content": "Question: When was the church founded?\n Context: The "
+                      "church was founded in 1795 by settlers."}]}
+    for seed in range(6):
+        text = P.evals_prompt(ctx, "ctxq", random.Random(seed))
+        assert "The church was founded in 1795 by settlers." in text
+        assert "church founded?" in text and "Context:" not in text
+
+
 def test_clean_mathqa():
     s = P.clean_mathqa("sophia finished 2 / 3 of a book . she read 90 more pages , how long is it ?")
     assert s == "Sophia finished 2/3 of a book. She read 90 more pages, how long is it?"
@@ -281,6 +324,96 @@ def test_summaries_and_templates():
     assert {c.category for c in tpl} == {"writing"}
     assert {c.source for c in tpl} == {"templates/writing", "templates/roleplay", "templates/quotes"}
     assert P.build_writing_templates(nouns, [], seed=0) == P.build_writing_templates(nouns, [], seed=0)
+
+
+def test_word_problems_deterministic_varied_and_question_like():
+    a = P.build_word_problems(seed=0, per_template=8)
+    b = P.build_word_problems(seed=0, per_template=8)
+    c = P.build_word_problems(seed=1, per_template=8)
+    assert [x.text for x in a] == [x.text for x in b]
+    assert [x.text for x in a] != [x.text for x in c]
+    assert len(P.WORD_PROBLEM_TEMPLATES) >= 40
+    assert len(a) == 8 * len(P.WORD_PROBLEM_TEMPLATES)
+    assert len({x.text for x in a}) > 0.95 * len(a)
+    assert {x.category for x in a} == {"math"} and {x.source for x in a} == {"templates/math"}
+    for x in a:
+        assert "?" in x.text, x.text
+        assert "{" not in x.text and "  " not in x.text and ".." not in x.text and " a a" not in x.text
+    # many different people and numbers
+    names = {n for x in a for n in P._NAMES_F + P._NAMES_M if n in x.text}
+    assert len(names) > 30
+
+
+def test_every_word_problem_template_runs_for_many_seeds():
+    for tpl in P.WORD_PROBLEM_TEMPLATES:
+        texts = {tpl(random.Random(s)) for s in range(60)}
+        assert len(texts) > 30, tpl.__name__
+
+
+def test_chat_knowledge_and_code_templates():
+    chat = P.build_chat_prompts(seed=0)
+    know = P.build_knowledge_questions(seed=0)
+    code = P.build_code_requests(seed=0)
+    assert len(chat) > 500 and {c.category for c in chat} == {"chat"}
+    assert len(know) > 200 and {c.category for c in know} == {"qa"}
+    assert len(code) > 100 and {c.category for c in code} == {"code"}
+    for group in (chat, know, code):
+        assert len({c.text for c in group}) == len(group)
+        assert all("{" not in c.text or "```" in c.text for c in group)
+    assert [c.text for c in chat] == [c.text for c in P.build_chat_prompts(seed=0)]
+    assert [c.text for c in chat] != [c.text for c in P.build_chat_prompts(seed=1)]
+    assert any("role-play" in c.text.lower() for c in chat)
+
+
+def test_concept_sets_and_code_lines():
+    nouns = ["lighthouse", "umbrella", "violin", "garden", "kettle", "murder", "information", "Paris"]
+    sets = P.build_concept_sets(nouns, seed=0, count=30)
+    assert len(sets) == 30 and {c.source for c in sets} == {"templates/concepts"}
+    assert not any("murder" in c.text or "information" in c.text or "Paris" in c.text for c in sets)
+    assert sets == P.build_concept_sets(nouns, seed=0, count=30)
+    src = "def f(xs):\n    \"\"\"Return the squares of the even items of xs.\"\"\"\n    y = 1\n" \
+          "    return [x * x for x in xs if x % 2 == 0]\n"
+    lines = P.build_code_line_prompts(P.extract_functions(src, "mod"), seed=0)
+    assert len(lines) == 1 and "return [x * x for x in xs if x % 2 == 0]" in lines[0].text
+
+
+def test_bigbench_is_off_by_default(tmp_path, monkeypatch):
+    calls = []
+
+    def offline(*args, **kwargs):
+        raise RuntimeError("offline")
+
+    def bigbench(*args, **kwargs):
+        calls.append(args)
+        raise RuntimeError("no bigbench here")
+
+    monkeypatch.setattr(P, "fetch_package", offline)
+    monkeypatch.setattr(P, "fetch_bigbench", bigbench)
+    monkeypatch.setattr(P, "stdlib_functions", lambda show_progress=True: [])
+    with pytest.warns(UserWarning):
+        cands, notes = P.collect_candidates(tmp_path, seed=0, show_progress=False)
+    assert calls == []
+    assert cands and not any(c.source.startswith("bigbench") for c in cands)
+    assert {c.category for c in cands} >= {"math", "chat", "qa", "code"}
+    assert not any("bigbench" in n.lower() for n in notes)
+    with pytest.warns(UserWarning):
+        _, notes = P.collect_candidates(tmp_path, seed=0, show_progress=False, include_bigbench=True)
+    assert len(calls) == 1
+    assert any("canary" in n for n in notes)
+
+
+def test_cli_include_bigbench_flag(monkeypatch, tmp_path):
+    seen = {}
+
+    def fake(*args, **kwargs):
+        seen.update(kwargs)
+        return {}
+
+    monkeypatch.setattr(P, "assemble_prompts", fake)
+    P.main(["--out", str(tmp_path / "p.jsonl"), "--quiet"])
+    assert seen["include_bigbench"] is False
+    P.main(["--out", str(tmp_path / "p.jsonl"), "--quiet", "--include-bigbench"])
+    assert seen["include_bigbench"] is True
 
 
 @pytest.mark.parametrize("text,expected", [("Hello world, fine.", True), ("你好世界", False), ("", False)])

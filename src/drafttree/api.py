@@ -192,6 +192,8 @@ class SpeculativeModel:
         return stream
 
     def _run(self, ids, drafter, sampling, max_new_tokens, stops, gen, stream, record_rounds, method):
+        if method == "eagle-chain-oracle":
+            self._set_oracle_reference(drafter, ids, sampling, max_new_tokens)
         stats = DecodeStats()
         tokens: list[int] = []
         emitted = ""
@@ -226,6 +228,14 @@ class SpeculativeModel:
         if len(text) > len(emitted):
             yield StreamChunk(text[len(emitted):], [], step)
         stream.result = GenerationResult(text, tokens, int(ids.numel()), method, stats)
+
+    def _set_oracle_reference(self, drafter, ids, sampling, max_new_tokens) -> None:
+        """The oracle needs the target's own continuation: run plain decoding first (not timed)."""
+        if not sampling.greedy:
+            raise DraftTreeError("eagle-chain-oracle is a measurement at temperature 0 only")
+        ref = [t for step in decode(self._runner, Drafter(), ids, sampling, max_new_tokens, self.eos_ids)
+               for t in step]
+        drafter.reference = ids.reshape(-1).tolist() + ref
 
     def generate(self, prompt: str | list[dict] | torch.Tensor, max_new_tokens: int = 256,
                  **kwargs) -> GenerationResult:

@@ -94,7 +94,8 @@ class EagleDrafter(Drafter):
 
     def __init__(self, head: EagleHead, shape: str = "dynamic", depth: int = 6, top_k: int = 8,
                  total_tokens: int | str = "auto", tree: list[list[int]] | None = None, name: str | None = None,
-                 budget=None):
+                 budget=None, length_policy: str | None = None, threshold: float = -1.0, ldlp=None,
+                 depth_slack: int = 1):
         if shape not in ("chain", "static", "dynamic"):
             raise DraftTreeError(f"unknown EAGLE draft shape {shape!r}")
         if depth is None or int(depth) <= 0:
@@ -109,13 +110,22 @@ class EagleDrafter(Drafter):
             raise DraftTreeError("total_tokens='auto' needs a TreeBudget (make_eagle_drafter builds one)")
         self._round = None
         self.tree = tree or EAGLE1_TREE
+        if length_policy not in (None, "threshold", "ldlp", "ldlp-threshold", "oracle"):
+            raise DraftTreeError(f"unknown length policy {length_policy!r}")
+        if length_policy in ("ldlp", "ldlp-threshold") and ldlp is None:
+            raise DraftTreeError(f"length policy {length_policy!r} needs a trained length predictor (LDLP)")
+        self.length_policy, self.threshold, self.ldlp = length_policy, float(threshold), ldlp
+        self.depth_slack = depth_slack  # eagle2-ldlp: tree depth = predicted chain length + slack
+        self.reference: list[int] | None = None  # oracle only: the target's own greedy continuation
+        self._last = None  # (token, feature) of the last token the target validated, for the LDLP
         self.name = name or {"chain": "eagle-chain", "static": "eagle1", "dynamic": "eagle2"}[shape]
         self.state = EagleState(head)
 
     def begin(self, prompt: torch.Tensor, prefill_features: torch.Tensor, root: int) -> None:
         self.state = EagleState(self.head)
-        ids = prompt.reshape(-1).tolist()[1:] + [root]
-        self.state.encode(prefill_features, ids, 0)
+        ids = prompt.reshape(-1).tolist()
+        self._last = (ids[-1], prefill_features[-1])
+        self.state.encode(prefill_features, ids[1:] + [root], 0)
 
     def observe(self, committed: list[int], features: torch.Tensor, next_root: int) -> None:
         if self.budget is not None and self._round is not None:
@@ -123,11 +133,34 @@ class EagleDrafter(Drafter):
             now = time.perf_counter()
             self.budget.observe(expected, len(committed) - 1, now - t_start, t_draft, self.budget.cost.verify(n))
             self._round = None
+        self._last = (committed[-1], features[-1])
         self.state.encode(features, committed[1:] + [next_root], self.state.root_pos)
 
+    def predicted_length(self) -> int:
+        tok, feat = self._last
+        dev = self.head.fc.weight.device
+        emb = self.head.embed_tokens(torch.tensor(tok, device=dev))
+        return self.ldlp.predict(emb.float(), feat.float())
+
     def round_depth(self, req: DraftRequest) -> int:
-        """The draft depth for this round (length policies override this)."""
-        return min(self.depth, req.max_depth)
+        """The draft depth for this round: fixed, or the LDLP's prediction (plus slack for trees)."""
+        depth = self.depth
+        if self.length_policy == "ldlp" or (self.length_policy == "ldlp-threshold" and self.shape != "chain"):
+            k = self.predicted_length()
+            req.info["predicted_length"] = k
+            depth = k if self.shape == "chain" else max(1, k + self.depth_slack)
+        return min(depth, req.max_depth)
+
+    def stop_rule(self, req: DraftRequest):
+        """Chain early-stopping rule of the length policy (None: draft the full depth)."""
+        policy = self.length_policy
+        if policy == "threshold":
+            return lambda n, cum: cum < self.threshold
+        if policy == "ldlp-threshold":  # AdaEAGLE-DDD: stop only when both say stop
+            k = self.predicted_length()
+            req.info["predicted_length"] = k
+            return lambda n, cum: n >= k and cum < self.threshold
+        return None
 
     def propose(self, req: DraftRequest) -> DraftTree:
         depth = self.round_depth(req)
@@ -147,12 +180,39 @@ class EagleDrafter(Drafter):
             if not req.sampling.greedy:
                 return grow_sampled_chain(st, req.root, depth, lambda lp: warp_probs(lp, req.sampling),
                                           req.generator, self.head.lm_head.weight.shape[0])
-            return grow_chain(st, req.root, depth, stop=self.stop_rule(req))
+            if self.length_policy == "oracle":
+                return self._oracle_chain(req, depth)
+            tree = grow_chain(st, req.root, depth, stop=self.stop_rule(req))
+            req.info["drafted"] = tree.size - 1
+            return tree
         paths = [p for p in self.tree if len(p) <= depth]
         return grow_static_tree(st, req.root, paths)
 
-    def stop_rule(self, req: DraftRequest):
-        return None
+    def _oracle_chain(self, req: DraftRequest, depth: int) -> DraftTree:
+        """Measurement only: draft until the first token the target will reject (known from a reference
+        run of plain decoding) and drop it: the chain length an oracle would choose."""
+        ref = self.reference or []
+        start = len(req.context)  # reference index of the first draft token (the root is context[-1])
+        st = self.state
+        dev = self.head.fc.weight.device
+        lp = st.root_logprobs()
+        toks: list[int] = []
+        drafted = 0
+        for d in range(depth):
+            if start + d >= len(ref):
+                break
+            j = int(lp.argmax())
+            tok = j if st.vocab_ids is None else int(st.vocab_ids[j])
+            drafted += 1
+            if tok != ref[start + d]:
+                break
+            toks.append(tok)
+            if d + 1 == depth:
+                break
+            lp = st.expand(torch.tensor([tok], device=dev), torch.tensor([d - 1], device=dev),
+                           torch.ones(1, d + 1, dtype=torch.bool, device=dev), d + 1)[0]
+        req.info["drafted"] = drafted
+        return DraftTree.chain(req.root, toks, dev)
 
 
 def make_budget(target, max_total: int = 64) -> TreeBudget:
@@ -162,15 +222,49 @@ def make_budget(target, max_total: int = 64) -> TreeBudget:
     return TreeBudget(cost_model_for(TargetModel(target.model), target.name), max_total=max_total)
 
 
+CHAIN_MAX = 8  # k_max of the adaptive chain policies
+
+
+def _ldlp_for(head: EagleHead, options: dict):
+    if options.get("ldlp") is not None:
+        return options.pop("ldlp")
+    from drafttree.heads.length import load_length_predictor
+
+    path = getattr(head, "path", None)
+    if path is None:
+        raise DraftTreeError("this head has no length predictor (LDLP) next to it; train one with "
+                             "`drafttree train-length`")
+    return load_length_predictor(path, head.config.hidden_size)
+
+
 def make_eagle_drafter(method: str, target, head: EagleHead, **options) -> Drafter:
+    """EAGLE drafters by method name; options override the defaults (depth, top_k, total_tokens, ...)."""
+    if "top_k_draft" in options:
+        options["top_k"] = options.pop("top_k_draft")
+    if "k" in options:
+        options.setdefault("depth", options.pop("k"))
+    threshold = options.pop("threshold", None)
+    thr = {} if threshold is None else {"threshold": threshold}
     if method == "eagle-chain":
-        return EagleDrafter(head, "chain", depth=options.pop("depth", options.pop("k", 4)), **options)
+        return EagleDrafter(head, "chain", **{"depth": 4, **options}, name=method)
     if method == "eagle1":
-        return EagleDrafter(head, "static", depth=options.pop("depth", 5), **options)
-    if method == "eagle2":
-        opts = {"top_k": options.pop("top_k_draft", options.pop("top_k", 8)), **options}
+        return EagleDrafter(head, "static", **{"depth": 5, **options}, name=method)
+    if method in ("eagle2", "eagle2-ldlp"):
+        opts = {"top_k": 8, "depth": 8, **options}
         if str(opts.get("total_tokens", "auto")) == "auto":
             opts["total_tokens"] = "auto"
             opts["budget"] = make_budget(target, max_total=opts.pop("max_total", 64))
-        return EagleDrafter(head, "dynamic", **opts)
-    raise DraftTreeError(f"method {method!r} is not available yet")
+        if method == "eagle2-ldlp":
+            opts.update(length_policy="ldlp", ldlp=_ldlp_for(head, opts))
+        return EagleDrafter(head, "dynamic", **opts, name=method)
+    chain = {"depth": CHAIN_MAX, **options}
+    if method == "eagle-chain-threshold":
+        return EagleDrafter(head, "chain", **chain, length_policy="threshold", name=method, **thr)
+    if method == "eagle-chain-ldlp":
+        return EagleDrafter(head, "chain", **chain, length_policy="ldlp", ldlp=_ldlp_for(head, chain), name=method)
+    if method == "eagle-chain-ldlp-threshold":
+        return EagleDrafter(head, "chain", **chain, length_policy="ldlp-threshold", ldlp=_ldlp_for(head, chain),
+                            name=method, **thr)
+    if method == "eagle-chain-oracle":
+        return EagleDrafter(head, "chain", **chain, length_policy="oracle", name=method)
+    raise DraftTreeError(f"unknown EAGLE method {method!r}")

@@ -190,4 +190,5 @@ def load_head(path: str | Path, target) -> EagleHead:
                              f"(missing {missing[:3]}, unexpected {unexpected[:3]})")
     head.to(device=target.device, dtype=target.dtype).eval().requires_grad_(False)
     head.meta = meta
+    head.path = Path(path)
     return head
