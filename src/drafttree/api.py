@@ -115,6 +115,8 @@ class SpeculativeModel:
         """
         if method != "auto" and method not in METHODS:
             raise DraftTreeError(f"unknown method {method!r}; choose one of {', '.join(METHODS)}")
+        if method == "draft" and not draft_model:
+            raise DraftTreeError("method 'draft' needs a draft model (draft_model=... / --draft-model)")
         target = load_model(model, dtype=dtype, device=device, show_progress=show_progress)
         draft = None
         if draft_model:

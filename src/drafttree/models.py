@@ -209,6 +209,9 @@ def load_model(
     kind, loc = resolve_reference(ref)
     if kind == "gguf":
         loc = str(converted_dir_for_gguf(Path(loc), show_progress))
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()  # a cached load takes a second; its bar is noise
     try:
         tok = AutoTokenizer.from_pretrained(loc)
         model = AutoModelForCausalLM.from_pretrained(loc, dtype=dt)
@@ -216,6 +219,8 @@ def load_model(
         if kind == "hub":
             raise DraftTreeError(f"could not load {ref!r} from the Hugging Face hub (offline?): {e}") from None
         raise DraftTreeError(f"could not load model from {loc}: {e}") from None
+    finally:
+        hf_logging.enable_progress_bar()
     model.to(dev).eval()
     model.requires_grad_(False)
     if tok.pad_token_id is None and tok.eos_token_id is not None:

@@ -210,8 +210,8 @@ def step_losses(head: EagleHead, outs, cfg: TrainConfig, small_w: torch.Tensor):
         with torch.no_grad():
             acc = ((dlogits.argmax(-1) == tlogits.argmax(-1)) & lm).sum().float() / denom
         logs[f"acc{s}"] = float(acc)
-        logs[f"v{s}"] = float(vloss)
-        logs[f"p{s}"] = float(ploss)
+        logs[f"v{s}"] = float(vloss.detach())
+        logs[f"p{s}"] = float(ploss.detach())
     return total, logs
 
 
@@ -379,7 +379,7 @@ def train_head(target, cfg: TrainConfig, resume: bool = False, show_progress: bo
             progress["tokens"] += int(valid.sum())
             progress["seconds"] = time.time() - t_start
             bar.update(1)
-            bar.set_postfix(ep=epoch, loss=f"{float(loss):.3f}", acc1=f"{logs['acc1']:.3f}",
+            bar.set_postfix(ep=epoch, loss=f"{float(loss.detach()):.3f}", acc1=f"{logs['acc1']:.3f}",
                             tok_s=f"{progress['tokens'] / max(1e-9, progress['seconds']):.0f}")
             if cfg.eval_every and progress["step"] % cfg.eval_every == 0 and acc.is_main_process:
                 last_eval = evaluate(raw, eval_set, cfg.eval_depth, cfg.max_len, dev)

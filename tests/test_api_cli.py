@@ -1,0 +1,128 @@
+"""Public API and CLI behaviour on the real default model: streaming, stopping, JSON output, bad input."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from drafttree import DraftTreeError, SpeculativeModel
+from drafttree.cli import main
+from drafttree.models import resolve_reference
+
+PROMPT = "Name three colours of the rainbow."
+
+
+@pytest.fixture(scope="module")
+def sm(default_fp32):
+    return SpeculativeModel(default_fp32, method="lookup")
+
+
+def test_stream_yields_the_same_tokens_as_generate(sm):
+    full = sm.generate(PROMPT, max_new_tokens=40)
+    s = sm.stream(PROMPT, max_new_tokens=40)
+    chunks = list(s)
+    assert [t for c in chunks for t in c.tokens] == full.tokens == s.result.tokens
+    assert "".join(c.text for c in chunks) == full.text
+    assert s.result.new_tokens == len(full.tokens) <= 40
+
+
+def test_max_new_tokens_and_stats(sm):
+    r = sm.generate(PROMPT, max_new_tokens=5, method="ar")
+    assert r.new_tokens == 5 and r.target_forwards == 5 and r.tau == 1.0
+    assert r.finish_reason == "length" and r.tokens_per_second > 0
+
+
+def test_eos_ends_generation(sm):
+    r = sm.generate("Reply with just the word: yes", max_new_tokens=64)
+    assert r.finish_reason == "stop" and r.tokens[-1] in sm.eos_ids
+
+
+def test_stop_strings(sm):
+    r = sm.generate("Count from 1 to 20, separated by commas.", max_new_tokens=80, stop=["7"])
+    assert r.finish_reason == "stop" and "7" not in r.text and "6" in r.text
+
+
+def test_seeded_sampling_is_reproducible(sm):
+    a = sm.generate(PROMPT, max_new_tokens=20, temperature=1.0, seed=3)
+    b = sm.generate(PROMPT, max_new_tokens=20, temperature=1.0, seed=3)
+    assert a.tokens == b.tokens
+
+
+@pytest.mark.parametrize("kwargs,msg", [
+    ({"max_new_tokens": 0}, "max_new_tokens"),
+    ({"max_new_tokens": -3}, "max_new_tokens"),
+    ({"temperature": -0.1}, "temperature"),
+    ({"top_p": 0.0}, "top_p"),
+    ({"top_p": 1.5}, "top_p"),
+    ({"top_k": -1}, "top_k"),
+    ({"method": "nope"}, "unknown method"),
+    ({"method": "draft"}, "draft model"),
+])
+def test_bad_generation_arguments(sm, kwargs, msg):
+    with pytest.raises(DraftTreeError, match=msg):
+        sm.generate(PROMPT, **{"max_new_tokens": 8, **kwargs})
+
+
+def test_empty_and_too_long_prompts(sm):
+    with pytest.raises(DraftTreeError, match="empty"):
+        sm.generate("   ")
+    with pytest.raises(DraftTreeError, match="messages"):
+        sm.generate([{"content": "no role"}])
+    too_long = torch.ones(sm.target.context_length + 5, dtype=torch.long)
+    with pytest.raises(DraftTreeError, match="context window"):
+        sm.generate(too_long)
+
+
+def test_model_references():
+    with pytest.raises(DraftTreeError, match="unknown model"):
+        resolve_reference("no-such-model")
+    with pytest.raises(DraftTreeError, match="not found"):
+        resolve_reference("/tmp/does/not/exist.gguf")
+    assert resolve_reference("smollm2-135m-instruct")[0] == "gguf"
+
+
+def test_draft_with_another_vocabulary_is_refused(default_fp32):
+    from drafttree.models import LoadedModel, check_same_vocabulary
+
+    class FakeTok:
+        def get_vocab(self):
+            return {"a": 0, "b": 1}
+
+    other = LoadedModel(default_fp32.model, FakeTok(), "other", "")
+    with pytest.raises(DraftTreeError, match="tokenizer"):
+        check_same_vocabulary(default_fp32, other)
+
+
+def _cli(capsys, *argv) -> tuple[int, str, str]:
+    rc = main(list(argv))
+    out = capsys.readouterr()
+    return rc, out.out, out.err
+
+
+def test_cli_json_compare(capsys):
+    rc, out, err = _cli(capsys, "generate", PROMPT, "--method", "lookup", "--dtype", "float32",
+                        "--max-new-tokens", "16", "--json", "--compare")
+    assert rc == 0, err
+    d = json.loads(out)
+    for key in ("text", "new_tokens", "tokens_per_second", "tau", "target_forwards",
+                "baseline_tokens_per_second", "speedup", "identical"):
+        assert key in d
+    assert d["identical"] is True and d["new_tokens"] == 16
+
+
+@pytest.mark.parametrize("argv,msg", [
+    (["generate", "hi", "--method", "nope"], "unknown method"),
+    (["generate", ""], "empty prompt"),
+    (["generate", "hi", "--max-new-tokens", "0"], "max-new-tokens"),
+    (["generate", "hi", "--temperature", "-1"], "temperature"),
+    (["generate", "hi", "--top-p", "0"], "top_p"),
+    (["generate", "hi", "--model", "nonexistent-model-xyz"], "unknown model"),
+    (["generate", "hi", "--model", "/nope/m.gguf"], "not found"),
+    (["generate", "hi", "--method", "draft", "--dtype", "float32"], "draft model"),
+])
+def test_cli_errors_are_one_line(capsys, argv, msg):
+    rc, out, err = _cli(capsys, *argv)
+    assert rc == 2
+    assert msg in err and "Traceback" not in err and len(err.strip().splitlines()) == 1

@@ -1,0 +1,119 @@
+"""The head-training pipeline end to end on tiny data (what CI can afford): prompts -> self-distillation ->
+features -> training (with a kill and --resume) -> a head that loads and decodes losslessly -> LDLP."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from drafttree.api import SpeculativeModel
+from drafttree.errors import DraftTreeError
+from drafttree.heads import load_head
+from drafttree.train.data import extract_features, load_feature_dir, read_prompts, self_distill
+from drafttree.train.head import TrainConfig, train_head
+
+PROMPTS = [
+    {"conversations": [{"from": "human", "value": "Write one sentence about the moon."},
+                       {"from": "gpt", "value": "ignored"},
+                       {"from": "human", "value": "Now one about the sun."}]},
+    {"messages": [{"role": "user", "content": "List two fruits."}]},
+    {"instruction": "Add the numbers.", "input": "2 and 3"},
+    {"messages": [{"role": "user", "content": "Say hello in French."}]},
+    {"messages": [{"role": "user", "content": "What is a prime number?"}]},
+]
+
+
+@pytest.fixture(scope="module")
+def pipeline(tmp_path_factory, default_fp32):
+    d = tmp_path_factory.mktemp("pipe")
+    (d / "prompts.jsonl").write_text("\n".join(json.dumps(p) for p in PROMPTS))
+    prompts = read_prompts(d / "prompts.jsonl")
+    assert len(prompts) == 5 and prompts[0]["messages"][1]["role"] == "assistant"
+    stats = self_distill(default_fp32, prompts, d / "distill.jsonl", batch_size=4, max_new_tokens=24,
+                         show_progress=False)
+    assert stats["samples"] == 6  # 5 first turns + the second turn of the ShareGPT conversation
+    again = self_distill(default_fp32, prompts, d / "distill.jsonl", batch_size=4, max_new_tokens=24,
+                         show_progress=False)
+    assert again["samples"] == 0, "a re-run resumes: finished turns are skipped"
+    feats = extract_features(default_fp32, d / "distill.jsonl", d / "features", shard_size=4, show_progress=False)
+    assert feats["samples"] == 6 and feats["shards"] == 2
+    return d
+
+
+def test_features_match_the_target(pipeline, default_fp32):
+    manifest, samples = load_feature_dir(pipeline / "features")
+    assert manifest["target"]["hidden_size"] == default_fp32.config.hidden_size
+    s = samples[0]
+    with torch.no_grad():
+        ref = default_fp32.model.base_model(s["input_ids"][None]).last_hidden_state[0]
+    torch.testing.assert_close(s["hidden"].float(), ref, atol=0.05, rtol=0.02)  # stored in bf16
+    assert s["loss_mask"].any() and not s["loss_mask"][0]
+
+
+def test_corrupt_or_missing_shards_are_clear_errors(pipeline, tmp_path):
+    import shutil
+
+    bad = tmp_path / "f"
+    shutil.copytree(pipeline / "features", bad)
+    (bad / "shard-00001.safetensors").unlink()
+    with pytest.raises(DraftTreeError, match="missing"):
+        load_feature_dir(bad)
+    shutil.rmtree(bad)
+    shutil.copytree(pipeline / "features", bad)
+    (bad / "shard-00000.safetensors").write_bytes(b"\x00" * 64)
+    with pytest.raises(DraftTreeError, match="corrupt"):
+        load_feature_dir(bad)
+    with pytest.raises(DraftTreeError, match="no manifest"):
+        load_feature_dir(tmp_path)
+
+
+def test_bad_prompt_files(tmp_path):
+    (tmp_path / "e.jsonl").write_text("")
+    with pytest.raises(DraftTreeError, match="empty"):
+        read_prompts(tmp_path / "e.jsonl")
+    (tmp_path / "u.jsonl").write_text(json.dumps({"foo": 1}))
+    with pytest.raises(DraftTreeError, match="unknown prompt format"):
+        read_prompts(tmp_path / "u.jsonl")
+    (tmp_path / "j.jsonl").write_text("{not json")
+    with pytest.raises(DraftTreeError, match="not valid JSON"):
+        read_prompts(tmp_path / "j.jsonl")
+    with pytest.raises(DraftTreeError, match="not found"):
+        read_prompts(tmp_path / "missing.jsonl")
+
+
+def test_train_resume_and_decode(pipeline, default_fp32):
+    out = pipeline / "run"
+    cfg = TrainConfig(features=str(pipeline / "features"), out=str(out), epochs=2, batch_tokens=256,
+                      draft_vocab=512, eval_samples=1, eval_every=0, save_every=1, ttt_steps=2, max_steps=2,
+                      mixed_precision="no", warmup_steps=2)
+    first = train_head(default_fp32, cfg, show_progress=False)
+    assert first["steps"] == 2
+    with pytest.raises(DraftTreeError, match="resume"):
+        train_head(default_fp32, cfg, show_progress=False)
+    cfg.max_steps = 4
+    second = train_head(default_fp32, cfg, resume=True, show_progress=False)
+    assert second["steps"] == 4, "resume continues from the checkpoint instead of starting over"
+    head = load_head(out / "head", default_fp32)
+    assert head.draft_vocab.numel() == 512
+    # any head, even a barely trained one, must be lossless
+    sm = SpeculativeModel(default_fp32, method="eagle2", head=head, total_tokens=10)
+    prompt = "Write a short poem about rivers."
+    ref = sm.generate(prompt, max_new_tokens=24, method="ar")
+    for method in ("eagle2", "eagle1", "eagle-chain"):
+        assert sm.generate(prompt, max_new_tokens=24, method=method).tokens == ref.tokens
+    # and the AdaEAGLE length predictor trains on the same data
+    from drafttree.heads.length import load_length_predictor
+    from drafttree.train.length import train_length_predictor
+
+    rep = train_length_predictor(default_fp32, head, str(pipeline / "features"), str(out / "head"), k_max=3,
+                                 epochs=1, eval_samples=1, show_progress=False)
+    assert sum(rep["label_hist"]) == rep["eval_positions"] > 0
+    ldlp = load_length_predictor(out / "head", default_fp32.config.hidden_size)
+    head = load_head(out / "head", default_fp32)
+    sm2 = SpeculativeModel(default_fp32, method="eagle-chain-ldlp", head=head)
+    for method in ("eagle-chain-ldlp", "eagle-chain-ldlp-threshold", "eagle2-ldlp", "eagle-chain-threshold",
+                   "eagle-chain-oracle"):
+        assert sm2.generate(prompt, max_new_tokens=24, method=method).tokens == ref.tokens, method
+    assert ldlp.k_max == 3
