@@ -100,7 +100,7 @@ class SpeculativeModel:
         self.method = self._resolve_method(method)
         self.method_options = method_options
         self._runner = TargetModel(target.model)
-        self._drafters: dict[str, Drafter] = {}
+        self._drafters: dict[tuple, Drafter] = {}
         self.tokenizer = target.tokenizer
         self.eos_ids = target.eos_token_ids()
 
@@ -141,12 +141,16 @@ class SpeculativeModel:
             raise DraftTreeError(f"method {method!r} needs an EAGLE head for {self.target.name!r}")
         return method
 
-    def drafter(self, method: str | None = None) -> Drafter:
+    def drafter(self, method: str | None = None, options: dict | None = None) -> Drafter:
+        """The drafter for ``method`` (built once per method and options). Without ``options``, the
+        options given at construction apply to the construction method."""
         method = self._resolve_method(method or self.method)
-        if method not in self._drafters:
-            opts = self.method_options if method == self.method else {}
-            self._drafters[method] = make_drafter(method, self.target, self.draft, self.head, **opts)
-        return self._drafters[method]
+        if options is None:
+            options = self.method_options if method == self.method else {}
+        key = (method, tuple(sorted((k, str(v)) for k, v in options.items())))
+        if key not in self._drafters:
+            self._drafters[key] = make_drafter(method, self.target, self.draft, self.head, **dict(options))
+        return self._drafters[key]
 
     # ---- prompts -------------------------------------------------------------------------------------
     def encode_prompt(self, prompt: str | list[dict], chat: bool = True) -> torch.Tensor:
@@ -171,7 +175,8 @@ class SpeculativeModel:
     # ---- generation ----------------------------------------------------------------------------------
     def stream(self, prompt: str | list[dict] | torch.Tensor, max_new_tokens: int = 256, temperature: float = 0.0,
                top_p: float = 1.0, top_k: int = 0, stop: list[str] | str | None = None, seed: int | None = None,
-               chat: bool = True, method: str | None = None, record_rounds: bool = False) -> GenerationStream:
+               chat: bool = True, method: str | None = None, record_rounds: bool = False,
+               method_options: dict | None = None) -> GenerationStream:
         """Generate lazily: one :class:`StreamChunk` per target forward, as soon as its tokens are accepted."""
         if max_new_tokens is None or max_new_tokens <= 0:
             raise DraftTreeError(f"max_new_tokens must be > 0, got {max_new_tokens}")
@@ -182,7 +187,7 @@ class SpeculativeModel:
         ctx = self._runner.max_positions
         if ids.numel() >= ctx:
             raise DraftTreeError(f"prompt is {ids.numel()} tokens but the context window is {ctx} tokens")
-        drafter = self.drafter(method)
+        drafter = self.drafter(method, method_options)
         stops = [stop] if isinstance(stop, str) else list(stop or [])
         if any(not s for s in stops):
             raise DraftTreeError("stop strings must be non-empty")

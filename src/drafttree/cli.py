@@ -285,6 +285,7 @@ def _extra_parsers():
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    args.argv = list(argv) if argv is not None else sys.argv[1:]
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     t0 = time.time()
     try:

@@ -8,6 +8,7 @@ accepted root-to-leaf path keeps the past plus those slots and drops the rest of
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 import torch
@@ -60,6 +61,10 @@ class TargetModel:
         self._pending = 0  # uncommitted slots (tree or draft round) sitting after `length`
         self._pending_pos = torch.zeros(0, dtype=torch.long)
         self.max_positions = int(getattr(self.config, "max_position_embeddings", 2048) or 2048)
+        if self.device.type == "cpu":
+            # With a custom mask, transformers' SDPA path repeats K/V for grouped-query attention (a copy of
+            # the whole cache per layer per step); on CPU, SDPA's own GQA gives identical results without it.
+            os.environ.setdefault("TRANSFORMERS_SDPA_FORCE_GQA", "1")
 
     @property
     def device(self) -> torch.device:

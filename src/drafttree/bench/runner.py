@@ -1,0 +1,497 @@
+"""The benchmark runner: methods x tasks x prompts, answered turn by turn, recorded to ``results.jsonl``.
+
+One line per (method, task, question_id), appended and flushed as soon as the prompt is done, so an
+interrupted run continues where it stopped when the same command is run again (``run.json`` holds the
+settings that must match). A prompt that fails is recorded with its error (and retried on resume).
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import os
+import platform
+import shlex
+import statistics
+import sys
+import time
+import zlib
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from drafttree.bench.peers import HF_METHODS, hf_generate, needs_draft
+from drafttree.bench.tasks import BUILTIN, Question, Task, load_tasks
+from drafttree.errors import DraftTreeError
+
+RESULTS = "results.jsonl"
+RUN_FILE = "run.json"
+SUMMARY = "summary.json"
+SCHEMA = "drafttree-bench/1"
+
+# settings that change the numbers: a resumed run must use the same ones
+FINGERPRINT_KEYS = ("model", "draft_model", "head", "dtype", "device", "temperature", "max_new_tokens", "repeats",
+                    "seed", "threads")
+
+SETTINGS: dict[str, dict] = {
+    "S": {"model": "smollm2-135m-instruct", "draft_model": None, "tasks": list(BUILTIN),
+          "methods": ["hf-ar", "ar", "lookup", "hf-lookup", "eagle-chain", "eagle1", "eagle2"]},
+    "L": {"model": "qwen2.5-coder-1.5b-instruct", "draft_model": "qwen2.5-coder-0.5b-instruct",
+          "tasks": ["humaneval"],
+          "methods": ["hf-ar", "ar", "hf-assisted", "draft", "lookup", "eagle-chain", "eagle1", "eagle2"]},
+}
+QUICK = {"prompts": 2, "max_new_tokens": 32, "repeats": 1, "warmup": 1,
+         "methods": ["hf-ar", "ar", "lookup", "eagle2"], "tasks": ["mt_bench", "humaneval", "sum", "qa"]}
+DEFAULTS = {"model": "smollm2-135m-instruct", "draft_model": None, "head": "auto", "tasks": list(BUILTIN),
+            "methods": SETTINGS["S"]["methods"], "temperature": 0.0, "max_new_tokens": 256, "prompts": None,
+            "repeats": 1, "warmup": 2, "dtype": "auto", "device": "auto", "threads": None, "seed": 0}
+
+
+@dataclass
+class BenchConfig:
+    model: str = DEFAULTS["model"]
+    draft_model: str | None = None
+    head: str | None = "auto"  # "auto" (the shipped head, if any), a directory, or None (no head)
+    methods: list[str] = field(default_factory=lambda: list(DEFAULTS["methods"]))
+    tasks: list[str] = field(default_factory=lambda: list(DEFAULTS["tasks"]))
+    temperature: float = 0.0
+    max_new_tokens: int = 256
+    prompts: int | None = None  # per task; None = all
+    repeats: int = 1
+    warmup: int = 2
+    dtype: str = "auto"
+    device: str = "auto"
+    threads: int | None = None
+    seed: int = 0
+    data_dir: str | None = None
+    setting: str | None = None
+    quick: bool = False
+    # methods the user named explicitly must run (error when impossible); preset methods are skipped instead
+    strict_methods: bool = False
+    strict_tasks: bool = False  # likewise for tasks whose data file is missing (alpaca)
+
+    def validate(self) -> None:
+        from drafttree.drafters import METHODS
+
+        known = METHODS + HF_METHODS
+        bad = [m for m in self.methods if m not in known]
+        if bad:
+            raise DraftTreeError(f"unknown method(s) {', '.join(bad)}; choose from {', '.join(known)}")
+        if len(set(self.methods)) != len(self.methods):
+            raise DraftTreeError("a method is listed twice")
+        if not self.methods or not self.tasks:
+            raise DraftTreeError("nothing to run: no methods or no tasks")
+        if self.temperature < 0:
+            raise DraftTreeError(f"temperature must be >= 0, got {self.temperature}")
+        if self.max_new_tokens <= 0:
+            raise DraftTreeError(f"max new tokens must be > 0, got {self.max_new_tokens}")
+        if self.repeats <= 0:
+            raise DraftTreeError(f"repeats must be > 0, got {self.repeats}")
+        if self.warmup < 0:
+            raise DraftTreeError(f"warm-up runs must be >= 0, got {self.warmup}")
+        if self.prompts is not None and self.prompts <= 0:
+            raise DraftTreeError(f"prompts per task must be > 0, got {self.prompts}")
+        if self.threads is not None and self.threads <= 0:
+            raise DraftTreeError(f"threads must be > 0, got {self.threads}")
+
+
+def resolve_config(setting: str | None = None, quick: bool = False, **overrides) -> BenchConfig:
+    """Defaults < preset (``--setting``) < ``--quick`` sizes < explicit values (``None`` = not given)."""
+    vals = dict(DEFAULTS)
+    if setting is not None:
+        if setting not in SETTINGS:
+            raise DraftTreeError(f"unknown setting {setting!r}; choose one of {', '.join(SETTINGS)}")
+        vals.update(SETTINGS[setting])
+    if quick:
+        vals.update({k: v for k, v in QUICK.items() if k not in ("methods", "tasks")})
+        if setting is None:
+            vals["methods"], vals["tasks"] = list(QUICK["methods"]), list(QUICK["tasks"])
+    strict = overrides.get("methods") is not None
+    strict_tasks = overrides.get("tasks") is not None
+    for k, v in overrides.items():
+        if v is not None:
+            vals[k] = v
+    if isinstance(vals.get("head"), str) and vals["head"].lower() == "none":
+        vals["head"] = None
+    cfg = BenchConfig(**{k: v for k, v in vals.items() if k in BenchConfig.__dataclass_fields__},
+                      setting=setting, quick=quick, strict_methods=strict,
+                      strict_tasks=strict_tasks)
+    cfg.methods, cfg.tasks = list(cfg.methods), list(cfg.tasks)
+    cfg.validate()
+    return cfg
+
+
+def canonical_command(cfg: BenchConfig, out: str | Path) -> str:
+    """A command line with every setting explicit that reproduces ``cfg``."""
+    parts = ["drafttree", "bench", "--model", cfg.model]
+    if cfg.draft_model:
+        parts += ["--draft-model", cfg.draft_model]
+    parts += ["--head", cfg.head or "none", "--methods", ",".join(cfg.methods), "--tasks", ",".join(cfg.tasks),
+              "--temperature", str(cfg.temperature), "--max-new-tokens", str(cfg.max_new_tokens)]
+    if cfg.prompts:
+        parts += ["--prompts", str(cfg.prompts)]
+    parts += ["--repeats", str(cfg.repeats), "--warmup", str(cfg.warmup), "--dtype", cfg.dtype,
+              "--device", cfg.device, "--seed", str(cfg.seed)]
+    if cfg.threads:
+        parts += ["--threads", str(cfg.threads)]
+    if cfg.data_dir:
+        parts += ["--data-dir", cfg.data_dir]
+    parts += ["--out", str(out)]
+    return shlex.join(parts)
+
+
+def prompt_seed(base: int, task: str, question_id) -> int:
+    """The sampling seed of one prompt: stable across runs and methods, distinct across prompts."""
+    return (int(base) * 1_000_003 + zlib.crc32(f"{task}/{question_id}".encode())) % (2**31 - 1)
+
+
+def cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.lower().startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def machine_info(threads: int, dtype: str, device: str) -> dict:
+    import torch
+    import transformers
+
+    import drafttree
+
+    info = {
+        "cpu": cpu_model(), "cpu_count": os.cpu_count(), "threads": threads, "dtype": dtype, "device": device,
+        "gpu": None, "torch": torch.__version__, "transformers": transformers.__version__,
+        "drafttree": getattr(drafttree, "__version__", None), "python": platform.python_version(),
+        "platform": platform.platform(), "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+    }
+    if device.startswith("cuda"):
+        info["gpu"] = torch.cuda.get_device_name(torch.device(device))
+    if hasattr(os, "getloadavg"):
+        info["load_average"] = [round(x, 2) for x in os.getloadavg()]
+    return info
+
+
+def read_records(path: str | Path) -> list[dict]:
+    """The records of a results.jsonl; a torn last line (killed mid-write) is ignored."""
+    path = Path(path)
+    if not path.exists():
+        return []
+    out = []
+    lines = path.read_text(encoding="utf-8").splitlines()
+    for no, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            out.append(json.loads(line))
+        except json.JSONDecodeError:
+            if no == len(lines):
+                continue
+            raise DraftTreeError(f"{path}:{no}: corrupt record (not JSON)") from None
+    return out
+
+
+def repair_tail(path: Path) -> None:
+    """Drop a torn last line (a run killed mid-write) so that appended records start on a line of their own."""
+    if not path.exists():
+        return
+    data = path.read_bytes()
+    if data and not data.endswith(b"\n"):
+        path.write_bytes(data[: data.rfind(b"\n") + 1])
+
+
+def done_keys(records: list[dict]) -> set[tuple]:
+    """(method, task, question_id) recorded without error: a resumed run skips these."""
+    state: dict[tuple, bool] = {}
+    for r in records:
+        state[(r["method"], r["task"], r["question_id"])] = not r.get("error")
+    return {k for k, ok in state.items() if ok}
+
+
+def _sync(device) -> None:
+    import torch
+
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+class BenchRunner:
+    """Loads the models once, then answers every (method, task, question) it is asked to."""
+
+    def __init__(self, cfg: BenchConfig, show_progress: bool = True, log=None):
+        self.cfg = cfg
+        self.show_progress = show_progress
+        self.log = log or (lambda msg: print(msg, file=sys.stderr, flush=True))
+        self.notes: list[str] = []
+        self.skipped: dict[str, str] = {}
+        self.lm = None
+        self.methods: list[str] = []
+
+    # ---- setup -------------------------------------------------------------------------------------------
+    def _skip_or_fail(self, method: str, reason: str) -> None:
+        if self.cfg.strict_methods:
+            raise DraftTreeError(f"method {method!r} cannot run: {reason}")
+        self.skipped[method] = reason
+        self.note(f"skipping {method}: {reason}")
+
+    def note(self, msg: str) -> None:
+        self.notes.append(msg)
+        self.log(f"[bench] {msg}")
+
+    def load(self) -> None:
+        import torch
+
+        from drafttree.api import SpeculativeModel
+        from drafttree.drafters import needs_head
+        from drafttree.models import load_model
+
+        cfg = self.cfg
+        if cfg.threads:
+            torch.set_num_threads(cfg.threads)
+        self.threads = torch.get_num_threads()
+        torch.set_num_threads(self.threads)  # fixed for the whole run
+        wanted = list(cfg.methods)
+        for m in wanted:
+            if needs_draft(m) and not cfg.draft_model:
+                self._skip_or_fail(m, "it needs a draft model (--draft-model)")
+        wanted = [m for m in wanted if m not in self.skipped]
+        target = load_model(cfg.model, dtype=cfg.dtype, device=cfg.device, show_progress=self.show_progress)
+        draft = None
+        if cfg.draft_model and any(needs_draft(m) for m in wanted):
+            draft = load_model(cfg.draft_model, dtype=target.dtype, device=target.device,
+                               show_progress=self.show_progress)
+        head = None
+        self.head_path = None
+        head_methods = [m for m in wanted if needs_head(m)]
+        if head_methods and cfg.head:
+            from drafttree.heads import load_head_for, shipped_head_dir
+
+            try:
+                head = load_head_for(target, None if cfg.head == "auto" else cfg.head, required=False)
+            except DraftTreeError as e:
+                if cfg.head != "auto":
+                    raise
+                self.note(f"the shipped head does not load: {e}")
+            if head is not None:
+                self.head_path = str(shipped_head_dir(target.name) if cfg.head == "auto" else cfg.head)
+        if head is None:
+            why = ("no head (--head none)" if not cfg.head else
+                   f"no EAGLE head ships for {target.name!r} (train one and pass --head DIR)" if cfg.head == "auto"
+                   else "no head")
+            for m in head_methods:
+                self._skip_or_fail(m, f"it needs an EAGLE head: {why}")
+        self.lm = SpeculativeModel(target, method="ar", draft=draft, head=head)
+        self.methods = []
+        for m in wanted:
+            if m in self.skipped:
+                continue
+            if m not in HF_METHODS:
+                try:
+                    self.lm.drafter(m)  # build it now: configuration errors surface before any timing
+                except DraftTreeError as e:
+                    self._skip_or_fail(m, str(e))
+                    continue
+            self.methods.append(m)
+        if not self.methods:
+            raise DraftTreeError("no method can run with these models: " + "; ".join(
+                f"{m}: {r}" for m, r in self.skipped.items()))
+        self.dtype = str(target.dtype).replace("torch.", "")
+        self.device = str(target.device)
+
+    # ---- one prompt -------------------------------------------------------------------------------------
+    def answer(self, method: str, question: Question, seed: int, max_new_tokens: int | None = None,
+               turns: int | None = None) -> list[dict]:
+        """Answer the question's turns in order (earlier answers go back into the conversation)."""
+        lm, cfg = self.lm, self.cfg
+        max_new = max_new_tokens or cfg.max_new_tokens
+        dev = lm.target.device
+        messages: list[dict] = []
+        out = []
+        for i, user in enumerate(question.turns[: turns or len(question.turns)]):
+            messages.append({"role": "user", "content": user})
+            ids = lm.encode_prompt(messages)
+            s = seed + i
+            if method in HF_METHODS:
+                _sync(dev)
+                t0 = time.perf_counter()
+                new, fwd = hf_generate(method, lm.target, ids, max_new, cfg.temperature, lm.eos_ids, s,
+                                       draft=lm.draft)
+                _sync(dev)
+                wall = time.perf_counter() - t0
+                text = lm.tokenizer.decode(new, skip_special_tokens=True)
+                turn = {"prompt_tokens": int(ids.numel()), "new_tokens": len(new), "wall_time": wall,
+                        "target_forwards": fwd, "accept_lengths": None, "time_split": None,
+                        "finish_reason": "stop" if new and new[-1] in lm.eos_ids else "length",
+                        "tokens": new, "text": text}
+            else:
+                _sync(dev)
+                t0 = time.perf_counter()
+                res = lm.generate(ids, max_new_tokens=max_new, temperature=cfg.temperature, seed=s, method=method)
+                _sync(dev)
+                wall = time.perf_counter() - t0
+                st = res.stats
+                text = res.text
+                turn = {"prompt_tokens": int(ids.numel()), "new_tokens": st.new_tokens, "wall_time": wall,
+                        "decode_wall_time": st.wall_time, "target_forwards": st.target_forwards,
+                        "accept_lengths": list(st.accept_lengths),
+                        "time_split": {"prefill": st.time_prefill, "draft": st.time_draft,
+                                       "verify": st.time_verify, "other": st.time_other,
+                                       "overhead": max(0.0, wall - st.wall_time)},
+                        "finish_reason": st.finish_reason, "tokens": list(res.tokens), "text": text}
+            out.append(turn)
+            messages.append({"role": "assistant", "content": text})
+        return out
+
+    def run_prompt(self, method: str, task: Task, q: Question) -> dict:
+        base = {"method": method, "task": task.name, "question_id": q.question_id, "category": q.category,
+                "family": "hf" if method in HF_METHODS else "drafttree"}
+        seed = prompt_seed(self.cfg.seed, task.name, q.question_id)
+        base["seed"] = seed
+        try:
+            reps = [self.answer(method, q, seed) for _ in range(self.cfg.repeats)]
+        except Exception as e:  # noqa: BLE001 - one failing prompt must not end the run
+            return {**base, "error": f"{type(e).__name__}: {e}"}
+        tps = []
+        for turns in reps:
+            wall = sum(t["wall_time"] for t in turns)
+            tps.append(sum(t["new_tokens"] for t in turns) / wall if wall > 0 else 0.0)
+        from drafttree.bench.metrics import median_index
+
+        turns = reps[median_index(tps)]
+        rec = dict(base)
+        rec["error"] = None
+        rec["tokens_per_second"] = statistics.median(tps)
+        rec["tokens_per_second_repeats"] = [round(x, 4) for x in tps]
+        rec["new_tokens"] = sum(t["new_tokens"] for t in turns)
+        rec["wall_time"] = sum(t["wall_time"] for t in turns)
+        fwd = [t["target_forwards"] for t in turns]
+        rec["target_forwards"] = None if None in fwd else sum(fwd)
+        if method in HF_METHODS:
+            rec["tau"] = rec["accept_lengths"] = rec["time_split"] = None
+        else:
+            acc = [a for t in turns for a in t["accept_lengths"]]
+            rec["accept_lengths"] = acc
+            rec["tau"] = sum(acc) / len(acc) if acc else None
+            rec["time_split"] = {k: sum(t["time_split"][k] for t in turns) for k in turns[0]["time_split"]}
+        rec["identical_across_repeats"] = all([t["tokens"] for t in r] == [t["tokens"] for t in reps[0]]
+                                              for r in reps)
+        rec["turns"] = turns
+        return rec
+
+    def warm_up(self, method: str, task: Task) -> None:
+        q = task.questions[0]
+        for _ in range(self.cfg.warmup):
+            try:
+                self.answer(method, q, prompt_seed(self.cfg.seed, task.name, q.question_id),
+                            max_new_tokens=min(self.cfg.max_new_tokens, 64), turns=1)
+            except Exception as e:  # noqa: BLE001 - the real prompts will record the error
+                self.note(f"warm-up of {method} failed: {type(e).__name__}: {e}")
+                return
+
+
+def _load_tasks(cfg: BenchConfig) -> tuple[list[Task], list[str]]:
+    """The tasks; a preset's task whose data is not here (alpaca) is skipped with a note, a named one fails."""
+    if cfg.strict_tasks:
+        return load_tasks(cfg.tasks, cfg.data_dir, cfg.prompts), []
+    from drafttree.bench.tasks import EXTERNAL, task_path
+
+    names, notes = [], []
+    for name in cfg.tasks:
+        if name in EXTERNAL:
+            try:
+                task_path(name, cfg.data_dir)
+            except DraftTreeError as e:
+                notes.append(f"skipping task {name}: {e}")
+                continue
+        names.append(name)
+    if not names:
+        raise DraftTreeError("no task left to run: " + "; ".join(notes))
+    return load_tasks(names, cfg.data_dir, cfg.prompts), notes
+
+
+def _run_state(cfg: BenchConfig, runner: BenchRunner) -> dict:
+    return {"model": cfg.model, "draft_model": cfg.draft_model, "head": runner.head_path,
+            "dtype": runner.dtype, "device": runner.device, "temperature": cfg.temperature,
+            "max_new_tokens": cfg.max_new_tokens, "repeats": cfg.repeats, "seed": cfg.seed,
+            "threads": runner.threads}
+
+
+def _merge(a: list, b: list) -> list:
+    return list(a) + [x for x in b if x not in a]
+
+
+def run_bench(cfg: BenchConfig, out_dir: str | Path, command: str | None = None, overwrite: bool = False,
+              show_progress: bool = True, plots: bool = True, log=None) -> dict:
+    """Run (or resume) a benchmark into ``out_dir``; write summary.json, table.md and plots; return the summary."""
+    from tqdm import tqdm
+
+    from drafttree.bench.report import write_outputs
+
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    results_path, run_path = out / RESULTS, out / RUN_FILE
+    tasks, task_notes = _load_tasks(cfg)  # validates every file before loading models
+    if overwrite:
+        for name in (RESULTS, RUN_FILE, SUMMARY):
+            (out / name).unlink(missing_ok=True)
+    prev = json.loads(run_path.read_text()) if run_path.exists() else None
+    if prev is None and results_path.exists() and results_path.stat().st_size:
+        raise DraftTreeError(f"{results_path} exists without {RUN_FILE}: use --overwrite or another --out")
+    runner = BenchRunner(cfg, show_progress=show_progress, log=log)
+    for msg in task_notes:
+        runner.note(msg)
+    runner.load()
+    state = _run_state(cfg, runner)
+    if prev is not None:
+        diff = [f"{k}: {prev['state'].get(k)!r} then, {state[k]!r} now" for k in FINGERPRINT_KEYS
+                if prev["state"].get(k) != state[k]]
+        if diff:
+            raise DraftTreeError(f"{out} holds a run with other settings ({'; '.join(diff)}): resume it with the "
+                                 "same settings, or pass --overwrite or another --out")
+    command = command or canonical_command(cfg, out)
+    run = prev or {"schema": SCHEMA, "state": state, "commands": [], "methods": [], "tasks": [], "notes": [],
+                   "skipped_methods": {}, "setting": cfg.setting, "quick": cfg.quick}
+    if not run["commands"] or run["commands"][-1] != command:  # a resumed run records each new command line
+        run["commands"].append(command)
+    run["canonical_command"] = canonical_command(cfg, out)
+    run["methods"] = _merge(run["methods"], runner.methods)
+    run["tasks"] = _merge(run["tasks"], [t.name for t in tasks])
+    run["task_files"] = {**run.get("task_files", {}), **{t.name: str(t.path) for t in tasks}}
+    run["prompts_per_task"] = cfg.prompts
+    run["warmup"] = cfg.warmup
+    run["skipped_methods"] = {**run["skipped_methods"], **runner.skipped}
+    run["notes"] = _merge(run["notes"], runner.notes)
+    run["machine"] = machine_info(runner.threads, runner.dtype, runner.device)
+    run_path.write_text(json.dumps(run, indent=1))
+
+    repair_tail(results_path)
+    done = done_keys(read_records(results_path))
+    plan = [(m, t, q) for m in runner.methods for t in tasks for q in t.questions]
+    todo = [(m, t, q) for m, t, q in plan if (m, t.name, q.question_id) not in done]
+    if len(todo) < len(plan):
+        runner.log(f"[bench] resuming: {len(plan) - len(todo)} of {len(plan)} prompts already recorded")
+    bar = tqdm(total=len(plan), initial=len(plan) - len(todo), unit="prompt", desc="bench", dynamic_ncols=True,
+               disable=not show_progress, file=sys.stderr)
+    warmed: set[str] = set()
+    t_start = time.time()
+    with open(results_path, "a", encoding="utf-8") as fh:
+        for m, t, q in todo:
+            if m not in warmed:
+                warmed.add(m)
+                bar.set_postfix_str(f"{m} warm-up")
+                runner.warm_up(m, tasks[0])
+            bar.set_postfix_str(f"{m} {t.name} {q.question_id}")
+            rec = runner.run_prompt(m, t, q)
+            if rec.get("error"):
+                runner.log(f"[bench] {m} {t.name} {q.question_id} failed: {rec['error']}")
+            fh.write(json.dumps(rec, ensure_ascii=False) + "\n")
+            fh.flush()
+            bar.update(1)
+    bar.close()
+    run["elapsed_s"] = round(run.get("elapsed_s", 0) + time.time() - t_start, 1)
+    run_path.write_text(json.dumps(run, indent=1))
+    return write_outputs(out, plots=plots)
+
+
+__all__ = ["BenchConfig", "BenchRunner", "SETTINGS", "QUICK", "asdict", "resolve_config", "run_bench"]
