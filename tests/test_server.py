@@ -1,0 +1,283 @@
+"""``drafttree serve``: the OpenAI-compatible HTTP server on the real default model (float32, prompt lookup)."""
+
+from __future__ import annotations
+
+import http.client
+import json
+import threading
+import urllib.error
+import urllib.request
+
+import pytest
+
+from drafttree import SpeculativeModel
+from drafttree.server import create_server
+
+PROMPT = "Name three colours of the rainbow."
+MESSAGES = [{"role": "user", "content": PROMPT}]
+
+
+@pytest.fixture(scope="module")
+def sm(default_fp32):
+    return SpeculativeModel(default_fp32, method="lookup")
+
+
+@pytest.fixture(scope="module")
+def server(sm):
+    srv = create_server(sm, "127.0.0.1", 0, max_body_bytes=256 * 1024, quiet=True)
+    t = threading.Thread(target=srv.serve_forever, daemon=True)
+    t.start()
+    yield srv
+    srv.shutdown()
+    srv.server_close()
+
+
+@pytest.fixture(scope="module")
+def expected(sm):
+    return sm.generate(MESSAGES, max_new_tokens=12)
+
+
+def request(server, method: str, path: str, body=None, raw: bytes | None = None, headers: dict | None = None):
+    """(status, headers, body bytes) without raising on HTTP errors."""
+    host, port = server.server_address[:2]
+    data = raw if raw is not None else (json.dumps(body).encode() if body is not None else None)
+    req = urllib.request.Request(f"http://{host}:{port}{path}", data=data, method=method,
+                                 headers={"Content-Type": "application/json", **(headers or {})})
+    try:
+        with urllib.request.urlopen(req, timeout=120) as r:
+            return r.status, r.headers, r.read()
+    except urllib.error.HTTPError as e:
+        return e.code, e.headers, e.read()
+
+
+def post(server, path, body):
+    status, _, data = request(server, "POST", path, body)
+    return status, json.loads(data)
+
+
+def sse_events(data: bytes) -> list[str]:
+    text = data.decode()
+    assert text.endswith("\n\n")
+    return [e[len("data: "):] for e in text.split("\n\n") if e]
+
+
+def test_health_and_models(server, sm):
+    status, headers, data = request(server, "GET", "/health")
+    assert status == 200 and headers["Content-Type"].startswith("application/json")
+    assert json.loads(data)["status"] == "ok"
+    status, _, data = request(server, "GET", "/v1/models")
+    body = json.loads(data)
+    assert status == 200 and body["object"] == "list"
+    assert [m["id"] for m in body["data"]] == [sm.target.name] and body["data"][0]["object"] == "model"
+
+
+def test_methods_endpoint(server):
+    status, _, data = request(server, "GET", "/v1/drafttree/methods")
+    info = json.loads(data)
+    assert status == 200 and info["default"] == "lookup"
+    assert "ar" in info["methods"] and "lookup" in info["methods"] and "eagle2" not in info["methods"]  # no head
+
+
+def test_chat_completion_equals_generate(server, sm, expected):
+    status, body = post(server, "/v1/chat/completions", {"model": sm.target.name, "messages": MESSAGES,
+                                                         "max_tokens": 12, "temperature": 0})
+    assert status == 200 and body["object"] == "chat.completion" and body["id"].startswith("chatcmpl-")
+    choice = body["choices"][0]
+    assert choice["message"] == {"role": "assistant", "content": expected.text}
+    assert choice["finish_reason"] == ("stop" if expected.finish_reason == "stop" else "length")
+    assert body["usage"] == {"prompt_tokens": expected.prompt_tokens, "completion_tokens": expected.new_tokens,
+                             "total_tokens": expected.prompt_tokens + expected.new_tokens}
+    dt = body["drafttree"]
+    assert set(dt) == {"method", "tau", "target_forwards", "tokens_per_second", "accept_lengths", "wall_time"}
+    assert dt["method"] == "lookup" and sum(dt["accept_lengths"]) == expected.new_tokens
+    assert len(dt["accept_lengths"]) == dt["target_forwards"]
+
+
+def test_per_request_method_and_max_completion_tokens(server, expected):
+    status, body = post(server, "/v1/chat/completions", {"messages": MESSAGES, "max_completion_tokens": 12,
+                                                         "temperature": 0, "method": "ar"})
+    assert status == 200 and body["choices"][0]["message"]["content"] == expected.text
+    assert body["drafttree"]["method"] == "ar" and body["drafttree"]["tau"] == 1.0
+
+
+def test_streaming_chat(server, expected):
+    status, headers, data = request(server, "POST", "/v1/chat/completions",
+                                    {"messages": MESSAGES, "max_tokens": 12, "temperature": 0, "stream": True})
+    assert status == 200 and headers["Content-Type"].startswith("text/event-stream")
+    events = sse_events(data)
+    assert events[-1] == "[DONE]"
+    chunks = [json.loads(e) for e in events[:-1]]
+    assert all(c["object"] == "chat.completion.chunk" for c in chunks)
+    assert chunks[0]["choices"][0]["delta"]["role"] == "assistant"
+    body, final = chunks[:-1], chunks[-1]
+    assert body and all(c["choices"][0]["finish_reason"] is None for c in body)
+    assert all(isinstance(c["drafttree"]["accepted"], int) and c["drafttree"]["step"] >= 1 for c in body)
+    assert sum(c["drafttree"]["accepted"] for c in body) == expected.new_tokens
+    assert "".join(c["choices"][0]["delta"].get("content", "") for c in chunks) == expected.text
+    assert final["choices"][0]["finish_reason"] in ("stop", "length")
+    assert final["drafttree"]["target_forwards"] == sum(1 for c in body if c["drafttree"]["accepted"])
+    assert final["usage"]["completion_tokens"] == expected.new_tokens
+
+
+def test_completions_raw_prompt(server, sm):
+    prompt = "The three primary colours are"
+    want = sm.generate(prompt, max_new_tokens=8, chat=False)
+    status, body = post(server, "/v1/completions", {"prompt": prompt, "max_tokens": 8, "temperature": 0,
+                                                    "stop": "\n\n"})
+    assert status == 200 and body["object"] == "text_completion"
+    assert body["choices"][0]["text"] == want.text.split("\n\n")[0]
+    assert body["usage"]["prompt_tokens"] == want.prompt_tokens
+    status, headers, data = request(server, "POST", "/v1/completions",
+                                    {"prompt": prompt, "max_tokens": 8, "temperature": 0, "stream": True})
+    events = sse_events(data)
+    assert status == 200 and events[-1] == "[DONE]"
+    assert "".join(json.loads(e)["choices"][0]["text"] for e in events[:-1]) == want.text
+
+
+def test_stop_and_seed(server):
+    body = {"messages": [{"role": "user", "content": "Count from 1 to 20, separated by commas."}],
+            "max_tokens": 60, "temperature": 0, "stop": ["7"]}
+    status, out = post(server, "/v1/chat/completions", body)
+    text = out["choices"][0]["message"]["content"]
+    assert status == 200 and out["choices"][0]["finish_reason"] == "stop" and "7" not in text and "6" in text
+    sampled = {"messages": MESSAGES, "max_tokens": 10, "temperature": 1.0, "top_p": 0.9, "top_k": 50, "seed": 5}
+    a, b = post(server, "/v1/chat/completions", sampled)[1], post(server, "/v1/chat/completions", sampled)[1]
+    assert a["choices"][0]["message"]["content"] == b["choices"][0]["message"]["content"]
+
+
+BAD = [
+    ({"messages": []}, "messages"),
+    ({}, "messages"),
+    ({"messages": "hi"}, "messages"),
+    ({"messages": [{"role": "user"}]}, "messages[0].content"),
+    ({"messages": [{"role": "wizard", "content": "hi"}]}, "messages[0].role"),
+    ({"messages": MESSAGES, "max_tokens": 0}, "max_tokens"),
+    ({"messages": MESSAGES, "max_tokens": -5}, "max_tokens"),
+    ({"messages": MESSAGES, "max_tokens": "12"}, "max_tokens"),
+    ({"messages": MESSAGES, "max_completion_tokens": 0}, "max_completion_tokens"),
+    ({"messages": MESSAGES, "temperature": -0.5}, "temperature"),
+    ({"messages": MESSAGES, "temperature": "hot"}, "temperature"),
+    ({"messages": MESSAGES, "top_p": 0}, "top_p"),
+    ({"messages": MESSAGES, "top_p": 1.5}, "top_p"),
+    ({"messages": MESSAGES, "top_k": -1}, "top_k"),
+    ({"messages": MESSAGES, "stop": [""]}, "stop"),
+    ({"messages": MESSAGES, "stop": 7}, "stop"),
+    ({"messages": MESSAGES, "seed": "x"}, "seed"),
+    ({"messages": MESSAGES, "stream": "yes"}, "stream"),
+    ({"messages": MESSAGES, "method": "nope"}, "method"),
+    ({"messages": MESSAGES, "method": "eagle2"}, "method"),  # needs a head this server did not load
+    ({"messages": MESSAGES, "n": 2}, "n"),
+]
+
+
+@pytest.mark.parametrize("body,param", BAD)
+def test_bad_chat_requests_are_400(server, body, param):
+    status, out = post(server, "/v1/chat/completions", body)
+    assert status == 400
+    err = out["error"]
+    assert err["type"] == "invalid_request_error" and err["param"] == param and err["message"]
+
+
+@pytest.mark.parametrize("body,param", [({}, "prompt"), ({"prompt": ""}, "prompt"), ({"prompt": ["a", "b"]}, "prompt"),
+                                        ({"prompt": "hi", "max_tokens": 0}, "max_tokens")])
+def test_bad_completion_requests_are_400(server, body, param):
+    status, out = post(server, "/v1/completions", body)
+    assert status == 400 and out["error"]["param"] == param
+
+
+def test_malformed_json_and_non_object(server):
+    for raw in (b"{not json", b"[1, 2]", b"\xff\xfe", b""):
+        status, _, data = request(server, "POST", "/v1/chat/completions", raw=raw)
+        assert status == 400, raw
+        assert json.loads(data)["error"]["type"] == "invalid_request_error"
+
+
+def test_prompt_longer_than_context(server, sm):
+    ctx = sm.target.context_length
+    status, out = post(server, "/v1/chat/completions",
+                       {"messages": [{"role": "user", "content": "hello " * (ctx + 10)}], "max_tokens": 4})
+    assert status == 400 and out["error"]["code"] == "context_length_exceeded"
+    assert out["error"]["param"] == "messages" and "context window" in out["error"]["message"]
+
+
+def test_unknown_path_wrong_verb_and_body_too_large(server):
+    status, _, data = request(server, "GET", "/v1/nothing")
+    assert status == 404 and json.loads(data)["error"]["message"]
+    status, headers, data = request(server, "GET", "/v1/chat/completions")
+    assert status == 405 and headers["Allow"] == "POST" and json.loads(data)["error"]
+    status, _, _ = request(server, "DELETE", "/v1/models")
+    assert status == 405
+    host, port = server.server_address[:2]
+    conn = http.client.HTTPConnection(host, port, timeout=30)
+    conn.putrequest("POST", "/v1/chat/completions")
+    conn.putheader("Content-Type", "application/json")
+    conn.putheader("Content-Length", str(10**9))  # the server answers from the header, without reading a byte
+    conn.endheaders()
+    r = conn.getresponse()
+    assert r.status == 413 and json.loads(r.read())["error"]["code"] == "request_too_large"
+    conn.close()
+
+
+def test_internal_error_is_500_and_server_survives(server, sm, monkeypatch, expected):
+    def boom(*args, **kwargs):
+        raise RuntimeError("kaboom")
+
+    monkeypatch.setattr(sm, "stream", boom)
+    status, out = post(server, "/v1/chat/completions", {"messages": MESSAGES, "max_tokens": 4})
+    assert status == 500 and "kaboom" in out["error"]["message"] and out["error"]["type"] == "server_error"
+    monkeypatch.undo()
+    status, out = post(server, "/v1/chat/completions", {"messages": MESSAGES, "max_tokens": 12, "temperature": 0})
+    assert status == 200 and out["choices"][0]["message"]["content"] == expected.text
+
+
+def test_still_serving_after_bad_requests(server, expected):
+    post(server, "/v1/chat/completions", {"messages": MESSAGES, "top_p": 7})
+    request(server, "POST", "/v1/chat/completions", raw=b"{")
+    status, out = post(server, "/v1/chat/completions", {"messages": MESSAGES, "max_tokens": 12, "temperature": 0})
+    assert status == 200 and out["choices"][0]["message"]["content"] == expected.text
+    assert request(server, "GET", "/health")[0] == 200
+
+
+def test_keep_alive_connection_serves_several_requests(server, expected):
+    host, port = server.server_address[:2]
+    conn = http.client.HTTPConnection(host, port, timeout=60)
+    for stream in (False, True, False):
+        body = json.dumps({"messages": MESSAGES, "max_tokens": 12, "temperature": 0, "stream": stream})
+        conn.request("POST", "/v1/chat/completions", body, {"Content-Type": "application/json"})
+        r = conn.getresponse()
+        data = r.read()
+        assert r.status == 200
+        if not stream:
+            assert json.loads(data)["choices"][0]["message"]["content"] == expected.text
+        else:
+            assert sse_events(data)[-1] == "[DONE]"
+    conn.close()
+
+
+def test_client_disconnect_mid_stream_frees_the_model(server, expected):
+    host, port = server.server_address[:2]
+    conn = http.client.HTTPConnection(host, port, timeout=60)
+    conn.request("POST", "/v1/chat/completions",
+                 json.dumps({"messages": MESSAGES, "max_tokens": 64, "temperature": 0, "stream": True}),
+                 {"Content-Type": "application/json"})
+    r = conn.getresponse()
+    assert r.status == 200 and r.fp.readline()  # the first chunk's size line: streaming has started
+    conn.sock.close()
+    conn.close()
+    status, out = post(server, "/v1/chat/completions", {"messages": MESSAGES, "max_tokens": 12, "temperature": 0})
+    assert status == 200 and out["choices"][0]["message"]["content"] == expected.text
+
+
+def test_web_page(server):
+    status, headers, data = request(server, "GET", "/")
+    page = data.decode()
+    assert status == 200 and headers["Content-Type"].startswith("text/html")
+    assert "/v1/drafttree/methods" in page and "/v1/chat/completions" in page and "getReader" in page
+    assert "<script" in page and "http://" not in page and "https://" not in page  # self-contained
+
+
+def test_serve_subcommand_is_registered():
+    from drafttree.cli import build_parser
+
+    args = build_parser().parse_args(["serve", "--port", "0", "--method", "lookup", "--dtype", "float32"])
+    assert args.port == 0 and args.method == "lookup" and args.host == "127.0.0.1" and callable(args.func)
