@@ -8,12 +8,12 @@ accepted root-to-leaf path keeps the past plus those slots and drops the rest of
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 
 import torch
 from transformers import DynamicCache
 
+from drafttree.cache import GrowingCache
 from drafttree.errors import DraftTreeError
 
 
@@ -61,10 +61,6 @@ class TargetModel:
         self._pending = 0  # uncommitted slots (tree or draft round) sitting after `length`
         self._pending_pos = torch.zeros(0, dtype=torch.long)
         self.max_positions = int(getattr(self.config, "max_position_embeddings", 2048) or 2048)
-        if self.device.type == "cpu":
-            # With a custom mask, transformers' SDPA path repeats K/V for grouped-query attention (a copy of
-            # the whole cache per layer per step); on CPU, SDPA's own GQA gives identical results without it.
-            os.environ.setdefault("TRANSFORMERS_SDPA_FORCE_GQA", "1")
 
     @property
     def device(self) -> torch.device:
@@ -81,9 +77,9 @@ class TargetModel:
         return out
 
     def _new_cache(self) -> DynamicCache:
-        # A full (non-sliding) cache for every layer: tree slots are addressed by index, and sliding layers
-        # get the window through their own mask instead (see `_masks`).
-        return DynamicCache()
+        # A full (non-sliding) cache for every layer, appending in place: tree slots are addressed by index,
+        # and sliding layers get the window through their own mask instead (see `_masks`).
+        return GrowingCache()
 
     def _masks(self, attend: torch.Tensor, positions: torch.Tensor, tail_pos: torch.Tensor):
         full = tree_attention_mask(attend, self.length, self.dtype)
@@ -177,8 +173,6 @@ class TargetModel:
     def crop(self, length: int) -> None:
         """Drop everything after ``length`` cached tokens."""
         for layer in self.cache.layers:
-            if layer.keys is not None and layer.keys.shape[2] > length:
-                layer.keys = layer.keys[:, :, :length]
-                layer.values = layer.values[:, :, :length]
+            layer.truncate(length)
         self.length = min(self.length, length)
         self._pending = 0

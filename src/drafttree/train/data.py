@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -21,6 +22,7 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 from tqdm import tqdm
 
+from drafttree.cache import GrowingCache
 from drafttree.errors import DraftTreeError
 from drafttree.models import LoadedModel
 
@@ -165,7 +167,11 @@ def self_distill(
                     bar.update(1)
                     continue
                 todo.append((p["id"], hist, ids))
-            todo.sort(key=lambda t: len(t[2]))
+            # shuffled chunks, each sorted by length: little padding, and every category progresses
+            # evenly, so stopping early still leaves a representative sample
+            random.Random(seed + turn).shuffle(todo)
+            chunk = batch_size * 8
+            todo = [t for c in range(0, len(todo), chunk) for t in sorted(todo[c:c + chunk], key=lambda t: len(t[2]))]
             for b in range(0, len(todo), batch_size):
                 batch = todo[b:b + batch_size]
                 width = max(len(t[2]) for t in batch)
@@ -181,7 +187,7 @@ def self_distill(
                 with torch.inference_mode():
                     outs = model.generate(
                         input_ids=input_ids.to(target.device), attention_mask=attn.to(target.device),
-                        max_new_tokens=max_new_tokens, pad_token_id=pad, **kwargs,
+                        max_new_tokens=max_new_tokens, pad_token_id=pad, past_key_values=GrowingCache(), **kwargs,
                     )
                 for (pid, hist, ids), row in zip(batch, outs[:, width:].tolist()):
                     resp = []

@@ -1,0 +1,69 @@
+"""A KV cache that appends in place.
+
+transformers' ``DynamicLayer`` concatenates the whole cache with every new token (``torch.cat``), so each
+forward copies all keys and values: for a batch of 48 self-distillation sequences that is hundreds of MB
+per step, and a few ms per step even at batch size 1. ``GrowingLayer`` keeps a buffer with spare room
+(doubling when full), writes new states into it and hands out views; cropping only moves the length.
+It is a drop-in ``DynamicCache`` (transformers' ``generate`` accepts it as ``past_key_values``).
+"""
+
+from __future__ import annotations
+
+import torch
+from transformers.cache_utils import Cache, DynamicCache, DynamicLayer
+
+
+class GrowingLayer(DynamicLayer):
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self._k: torch.Tensor | None = None
+        self._v: torch.Tensor | None = None
+        self._len = 0
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
+        if not self.is_initialized:
+            self.lazy_initialization(key_states, value_states)
+        n = key_states.shape[-2]
+        need = self._len + n
+        if self._k is None or need > self._k.shape[-2] or self._k.shape[0] != key_states.shape[0]:
+            cap = max(need + 64, 2 * (self._k.shape[-2] if self._k is not None else 128))
+            k = key_states.new_empty(*key_states.shape[:-2], cap, key_states.shape[-1])
+            v = value_states.new_empty(*value_states.shape[:-2], cap, value_states.shape[-1])
+            if self._k is not None and self._len:
+                k[..., : self._len, :] = self._k[..., : self._len, :]
+                v[..., : self._len, :] = self._v[..., : self._len, :]
+            self._k, self._v = k, v
+        self._k[..., self._len:need, :] = key_states
+        self._v[..., self._len:need, :] = value_states
+        self._len = need
+        self.keys = self._k[..., :need, :]
+        self.values = self._v[..., :need, :]
+        return self.keys, self.values
+
+    def get_seq_length(self) -> int:
+        return self._len
+
+    def truncate(self, length: int) -> None:
+        """Keep the first ``length`` positions (the buffer stays allocated)."""
+        if self._k is None or length >= self._len:
+            return
+        self._len = max(0, length)
+        self.keys = self._k[..., : self._len, :]
+        self.values = self._v[..., : self._len, :]
+
+    def crop(self, max_length: int) -> None:
+        if max_length < 0:  # transformers' convention: a negative value removes that many tokens
+            max_length = self._len + max_length
+        self.truncate(max_length)
+
+    def reset(self) -> None:
+        self._k = self._v = None
+        self._len = 0
+        super().reset()
+
+
+class GrowingCache(DynamicCache):
+    """A DynamicCache whose layers append in place (full attention layers only)."""
+
+    def __init__(self):
+        Cache.__init__(self, layer_class_to_replicate=GrowingLayer)
