@@ -467,20 +467,20 @@ def run_bench(cfg: BenchConfig, out_dir: str | Path, command: str | None = None,
 
     repair_tail(results_path)
     done = done_keys(read_records(results_path))
-    plan = [(m, t, q) for m in runner.methods for t in tasks for q in t.questions]
+    # methods interleaved per prompt: each prompt is answered by every method back to back, so a change
+    # in machine load hits all methods alike instead of whichever ran at that time
+    plan = [(m, t, q) for t in tasks for q in t.questions for m in runner.methods]
     todo = [(m, t, q) for m, t, q in plan if (m, t.name, q.question_id) not in done]
     if len(todo) < len(plan):
         runner.log(f"[bench] resuming: {len(plan) - len(todo)} of {len(plan)} prompts already recorded")
     bar = tqdm(total=len(plan), initial=len(plan) - len(todo), unit="prompt", desc="bench", dynamic_ncols=True,
                disable=not show_progress, file=sys.stderr)
-    warmed: set[str] = set()
     t_start = time.time()
     with open(results_path, "a", encoding="utf-8") as fh:
+        for m in dict.fromkeys(m for m, _, _ in todo):
+            bar.set_postfix_str(f"{m} warm-up")
+            runner.warm_up(m, tasks[0])
         for m, t, q in todo:
-            if m not in warmed:
-                warmed.add(m)
-                bar.set_postfix_str(f"{m} warm-up")
-                runner.warm_up(m, tasks[0])
             bar.set_postfix_str(f"{m} {t.name} {q.question_id}")
             rec = runner.run_prompt(m, t, q)
             if rec.get("error"):
