@@ -99,3 +99,24 @@ def test_head_cache_is_not_polluted_by_branches():
     torch.testing.assert_close(a.root_feat, b.root_feat, atol=1e-4, rtol=1e-4)
     torch.testing.assert_close(a.cache.layers[0].keys[:, :, : a.committed], b.cache.layers[0].keys, atol=1e-4,
                                rtol=1e-4)
+
+
+@pytest.mark.parametrize("fmt", ["sglang", "vllm", "eagle"])
+def test_export_for_serving_engines(fmt, tmp_path):
+    from drafttree.heads.export import export_head
+
+    lm = _lm("llama")
+    EagleHead(lm.model, draft_vocab=torch.arange(5, 40), target_name="tiny").save(tmp_path / "h")
+    res = export_head(tmp_path / "h", tmp_path / fmt, fmt)
+    keys = set(load_file(str(tmp_path / fmt / "model.safetensors")))
+    assert "fc.weight" in keys and "d2t" not in keys and "t2d" not in keys
+    assert any(k.startswith("layers.0.self_attn.q_proj") for k in keys)
+    cfg = json.loads((tmp_path / fmt / "config.json").read_text())
+    assert cfg["num_hidden_layers"] == 1 and cfg["model_type"] == "llama" and "drafttree" not in cfg
+    assert cfg["architectures"] == (["LlamaForCausalLMEagle"] if fmt == "sglang" else ["LlamaForCausalLM"])
+    assert bool(res["warnings"]) == (fmt == "vllm")  # vLLM drops fc.bias
+    no_bias = EagleHead(lm.model, fc_bias=False)
+    no_bias.save(tmp_path / "nb")
+    assert not export_head(tmp_path / "nb", tmp_path / "nb-out", "vllm")["warnings"]
+    with pytest.raises(DraftTreeError, match="format"):
+        export_head(tmp_path / "h", tmp_path / "x", "onnx")

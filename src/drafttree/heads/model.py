@@ -39,7 +39,7 @@ def _layer_config(target_config, num_layers: int):
 
 class EagleHead(nn.Module):
     def __init__(self, target_model: nn.Module, num_layers: int = 1, draft_vocab: torch.Tensor | None = None,
-                 target_name: str = ""):
+                 target_name: str = "", fc_bias: bool = True):
         super().__init__()
         base = target_model.base_model
         self.target_config = target_model.config
@@ -47,7 +47,7 @@ class EagleHead(nn.Module):
         self.target_name = target_name
         h = self.config.hidden_size
         layer_cls = type(base.layers[0])
-        self.fc = nn.Linear(2 * h, h, bias=True)
+        self.fc = nn.Linear(2 * h, h, bias=fc_bias)
         self.layers = nn.ModuleList([layer_cls(self.config, i) for i in range(num_layers)])
         self.layers[0].input_layernorm = nn.Identity()
         self._rotary = [base.rotary_emb]  # the target's own rotary embedding (same positions, same precision)
@@ -116,7 +116,7 @@ class EagleHead(nn.Module):
         cfg = self.config.to_dict()
         for k in ("_attn_implementation_autoset", "transformers_version", "_name_or_path"):
             cfg.pop(k, None)
-        cfg["bias"] = True
+        cfg["bias"] = self.fc.bias is not None
         cfg["architectures"] = [type(self.layers[0]).__name__.replace("DecoderLayer", "ForCausalLM")]
         cfg["drafttree"] = {
             "format": FORMAT,
@@ -182,7 +182,8 @@ def load_head(path: str | Path, target) -> EagleHead:
     state.pop("t2d", None)
     draft_vocab = None if d2t is None else d2t.long() + torch.arange(d2t.numel())
     layers = meta.get("num_layers") or cfg.get("num_hidden_layers", 1)
-    head = EagleHead(target.model, num_layers=int(layers), draft_vocab=draft_vocab, target_name=target.name)
+    head = EagleHead(target.model, num_layers=int(layers), draft_vocab=draft_vocab, target_name=target.name,
+                     fc_bias=bool(cfg.get("bias", True)))
     head.config.intermediate_size = cfg.get("intermediate_size", head.config.intermediate_size)
     missing, unexpected = head.load_state_dict(state, strict=False)
     if missing or unexpected:

@@ -41,6 +41,7 @@ class TrainConfig:
     features: str
     out: str
     num_layers: int = 1
+    fc_bias: int = 1  # 0 for heads meant for vLLM, whose EAGLE-1 fc has no bias
     draft_vocab: int = 8192  # 0 = full vocabulary
     epochs: int = 10
     lr: float = 5e-4
@@ -330,7 +331,8 @@ def train_head(target, cfg: TrainConfig, resume: bool = False, show_progress: bo
     draft_vocab = choose_draft_vocab(train_set, cfg.draft_vocab, target.vocab_size, eos)
     coverage = vocab_coverage(eval_set, draft_vocab, target.vocab_size)
     torch.manual_seed(cfg.seed)
-    head = EagleHead(target.model, cfg.num_layers, draft_vocab, target_name=target.name).to(dev).float()
+    head = EagleHead(target.model, cfg.num_layers, draft_vocab, target_name=target.name,
+                     fc_bias=bool(cfg.fc_bias)).to(dev).float()
     head.train()
     opt = torch.optim.AdamW([p for p in head.parameters() if p.requires_grad], lr=cfg.lr, betas=(0.9, 0.95),
                             weight_decay=cfg.weight_decay)

@@ -1,0 +1,90 @@
+"""Export a drafttree head for serving engines: SGLang (EAGLE-2), vLLM (EAGLE-1) or the EAGLE repo.
+
+All three read EAGLE-1's layout: ``fc`` (2H -> H) + ``layers.0.*`` (a Llama decoder layer without
+``input_layernorm``), the target's embeddings and LM head reused at run time. What differs is the config:
+  * sglang: ``architectures: ["LlamaForCausalLMEagle"]`` (``--speculative-algorithm EAGLE``);
+  * vllm:   ``architectures: ["LlamaForCausalLM"]``, 1 layer; vLLM wraps it as ``EagleLlamaForCausalLM``
+            (``speculative_config={"method": "eagle", ...}``). vLLM's EAGLE-1 ``fc`` has no bias: a head
+            trained with one loses it there, so train with ``--fc-bias 0`` for vLLM;
+  * eagle:  the EAGLE repository's ``EaModel`` (LlamaConfig, ``bias`` flag).
+The reduced draft vocabulary (``d2t``/``t2d``) is an EAGLE-3 feature these EAGLE-1 loaders do not read: it
+is dropped, and the engines draft over the full vocabulary (still lossless).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from safetensors.torch import load_file, save_file
+
+from drafttree.errors import DraftTreeError
+from drafttree.heads.model import read_head_config
+
+FORMATS = ("sglang", "vllm", "eagle")
+LLAMA_LIKE = {"llama", "mistral", "qwen2"}
+
+
+def export_head(head_dir: str | Path, out_dir: str | Path, fmt: str) -> dict:
+    if fmt not in FORMATS:
+        raise DraftTreeError(f"unknown export format {fmt!r}; choose one of {', '.join(FORMATS)}")
+    cfg = read_head_config(head_dir)
+    meta = cfg.get("drafttree", {})
+    mtype = cfg.get("model_type")
+    if mtype not in LLAMA_LIKE:
+        raise DraftTreeError(f"{fmt} loads EAGLE-1 heads as Llama decoder layers; this head's layer is {mtype!r}")
+    state = load_file(str(Path(head_dir) / "model.safetensors"))
+    state.pop("d2t", None)
+    state.pop("t2d", None)
+    layers = meta.get("num_layers", 1)
+    if layers != 1:
+        raise DraftTreeError(f"{fmt} EAGLE-1 loaders expect one decoder layer; this head has {layers}")
+    out_cfg = {k: v for k, v in cfg.items() if k != "drafttree"}
+    out_cfg["model_type"] = "llama"
+    out_cfg["num_hidden_layers"] = 1
+    out_cfg["bias"] = "fc.bias" in state
+    out_cfg["attention_bias"] = any(k.endswith("q_proj.bias") for k in state)
+    out_cfg.pop("layer_types", None)
+    out_cfg.pop("use_sliding_window", None)
+    warnings = []
+    if fmt == "sglang":
+        out_cfg["architectures"] = ["LlamaForCausalLMEagle"]
+    else:
+        out_cfg["architectures"] = ["LlamaForCausalLM"]
+    if fmt == "vllm" and out_cfg["bias"]:
+        warnings.append("vLLM's EAGLE-1 fc has no bias and skips fc.bias: retrain with --fc-bias 0 for vLLM")
+    if mtype == "qwen2" and fmt != "sglang":
+        warnings.append("a Qwen2 head exported as a Llama layer relies on attention_bias=true being honoured")
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    save_file({k: v.contiguous() for k, v in state.items()}, str(out / "model.safetensors"), metadata={"format": "pt"})
+    (out / "config.json").write_text(json.dumps(out_cfg, indent=1))
+    target = meta.get("target", {})
+    usage = {
+        "sglang": f"python -m sglang.launch_server --model {target.get('name', 'TARGET')} "
+                  f"--speculative-algorithm EAGLE --speculative-draft-model-path {out} "
+                  "--speculative-num-steps 5 --speculative-eagle-topk 8 --speculative-num-draft-tokens 32",
+        "vllm": f"vllm serve {target.get('name', 'TARGET')} --speculative-config "
+                f"'{{\"method\": \"eagle\", \"model\": \"{out}\", \"num_speculative_tokens\": 4}}'",
+        "eagle": f"EaModel.from_pretrained(base_model_path=..., ea_model_path='{out}', use_eagle3=False)",
+    }[fmt]
+    (out / "README.md").write_text(
+        f"# EAGLE head for {target.get('name', '?')} ({fmt} format)\n\nExported by drafttree from {head_dir}.\n\n"
+        f"```\n{usage}\n```\n" + "".join(f"\nNote: {w}\n" for w in warnings))
+    return {"format": fmt, "out": str(out), "keys": sorted(state), "warnings": warnings, "usage": usage}
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("export-head", help="write a head in the format SGLang, vLLM or the EAGLE repo loads")
+    p.add_argument("head", help="head directory (config.json + model.safetensors)")
+    p.add_argument("out", help="output directory")
+    p.add_argument("--format", default="sglang", choices=FORMATS)
+    p.set_defaults(func=_cmd)
+
+
+def _cmd(args) -> int:
+    res = export_head(args.head, args.out, args.format)
+    for w in res["warnings"]:
+        print(f"warning: {w}")
+    print(f"wrote {res['out']} ({len(res['keys'])} tensors); serve with:\n  {res['usage']}")
+    return 0
