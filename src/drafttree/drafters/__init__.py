@@ -32,6 +32,10 @@ def make_drafter(method: str, target, draft=None, head=None, **options) -> Draft
 
         if draft is None:
             raise DraftTreeError("method 'draft' needs a draft model (--draft-model)")
+        if options.get("tree") and str(options.get("total_tokens", "")) == "auto":
+            from drafttree.drafters.eagle import make_budget
+
+            options["budget"] = make_budget(target, max_total=int(options.pop("max_total", 32)))
         return DraftModelDrafter(draft.model, target.vocab_size, **options)
     if method in HEAD_METHODS:
         from drafttree.drafters.eagle import make_eagle_drafter

@@ -14,6 +14,7 @@ import torch
 
 from drafttree.accept import warp_probs
 from drafttree.drafters.base import Drafter, DraftRequest
+from drafttree.errors import DraftTreeError
 from drafttree.target import TargetModel
 from drafttree.tree import DraftTree, grow_chain, grow_dynamic_tree, grow_sampled_chain
 
@@ -39,11 +40,16 @@ class DraftModelDrafter(Drafter):
     name = "draft"
 
     def __init__(self, draft_model: torch.nn.Module, vocab_size: int, k: int = 4, tree: bool = False,
-                 top_k: int = 4, total_tokens: int = 16):
+                 top_k: int = 4, total_tokens: int | str = 16, budget=None, depth: int | None = None):
         self.lm = TargetModel(draft_model)
         self.vocab = min(vocab_size, self.lm.lm_head.weight.shape[0])
         self.target_vocab = vocab_size
-        self.k, self.tree, self.top_k, self.total_tokens = k, tree, top_k, total_tokens
+        k = depth if depth is not None else k
+        if int(k) <= 0:
+            raise DraftTreeError(f"draft length must be > 0, got {k}")
+        self.k, self.tree, self.top_k = int(k), tree, int(top_k)
+        self.total_tokens = total_tokens if total_tokens == "auto" else int(total_tokens)
+        self.budget = budget  # a TreeBudget when total_tokens == "auto" (trees only)
         self.fed = 0  # context tokens held by the draft's committed cache
 
     def begin(self, prompt, prefill_features, root):
@@ -73,7 +79,11 @@ class DraftModelDrafter(Drafter):
             return DraftTree.root_only(req.root)
         stepper = _DraftLMStepper(self.lm, self._catch_up(req.context), self.vocab)
         if self.tree:  # deterministic top-k tree: point-mass candidates at any temperature
-            return grow_dynamic_tree(stepper, req.root, k, self.top_k, self.total_tokens)
+            total = self.budget.max_total if self.budget is not None else self.total_tokens
+            tree = grow_dynamic_tree(stepper, req.root, k, self.top_k, total, budget=self.budget)
+            if self.budget is not None:
+                req.info.update(tree_tokens=tree.size, depth=tree.max_depth)
+            return tree
         if not req.sampling.greedy:
             return grow_sampled_chain(stepper, req.root, k, lambda lp: warp_probs(lp, req.sampling),
                                       req.generator, self.target_vocab)

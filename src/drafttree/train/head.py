@@ -200,16 +200,18 @@ def step_losses(head: EagleHead, outs, cfg: TrainConfig, small_w: torch.Tensor):
     for s, (pred, tgt, lm) in enumerate(outs, 1):
         w = cfg.step_decay ** (s - 1)
         denom = lm.sum().clamp(min=1)
-        vloss = (F.smooth_l1_loss(pred.float(), tgt, reduction="none").mean(-1) * lm).sum() / denom
+        # losses only where they count (response positions): the LM-head products dominate the cost
+        pred, tgt = pred[lm], tgt[lm]
+        vloss = F.smooth_l1_loss(pred.float(), tgt, reduction="none").mean(-1).sum() / denom
         with torch.no_grad():
             tlogits = F.linear(tgt.to(small_w.dtype), small_w).float()
             tp = torch.softmax(tlogits, -1)
         dlogits = F.linear(pred.to(small_w.dtype), small_w).float()
         plogp = torch.log_softmax(dlogits, -1)
-        ploss = (-(tp * plogp).sum(-1) * lm).sum() / denom
+        ploss = -(tp * plogp).sum(-1).sum() / denom
         total = total + w * (cfg.v_weight * vloss + cfg.p_weight * ploss)
         with torch.no_grad():
-            acc = ((dlogits.argmax(-1) == tlogits.argmax(-1)) & lm).sum().float() / denom
+            acc = (dlogits.argmax(-1) == tlogits.argmax(-1)).sum().float() / denom
         logs[f"acc{s}"] = float(acc)
         logs[f"v{s}"] = float(vloss.detach())
         logs[f"p{s}"] = float(ploss.detach())
