@@ -19,13 +19,31 @@ def needs_head(method: str) -> bool:
     return method in HEAD_METHODS
 
 
+# options each method accepts (CLI flags map onto these names)
+OPTIONS = {
+    "ar": set(),
+    "lookup": {"max_ngram", "min_ngram", "num_tokens", "max_candidates", "k"},
+    "draft": {"k", "depth", "tree", "top_k", "top_k_draft", "total_tokens", "max_total"},
+    **{m: {"k", "depth", "top_k", "top_k_draft", "total_tokens", "max_total", "threshold", "tree", "ldlp",
+           "depth_slack"} for m in HEAD_METHODS},
+}
+
+
 def make_drafter(method: str, target, draft=None, head=None, **options) -> Drafter:
     """Build the drafter for ``method``. ``target``/``draft`` are LoadedModels, ``head`` an EagleHead."""
+    if method in OPTIONS:
+        bad = sorted(set(options) - OPTIONS[method])
+        if bad:
+            raise DraftTreeError(f"option(s) {', '.join(bad)} do not apply to method {method!r}")
+    if "top_k_draft" in options:
+        options["top_k"] = options.pop("top_k_draft")
     if method == "ar":
         return Drafter()
     if method == "lookup":
         from drafttree.drafters.lookup import LookupDrafter
 
+        if "k" in options:
+            options["num_tokens"] = options.pop("k")
         return LookupDrafter(device=target.device, **options)
     if method == "draft":
         from drafttree.drafters.draft_model import DraftModelDrafter
