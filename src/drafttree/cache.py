@@ -61,9 +61,21 @@ class GrowingLayer(DynamicLayer):
         self._len = 0
         super().reset()
 
+    def select_rows(self, rows: torch.Tensor) -> None:
+        """Keep only these batch rows (batched generation drops finished sequences)."""
+        if self._k is None:
+            return
+        self._k, self._v = self._k[rows], self._v[rows]
+        self.keys = self._k[..., : self._len, :]
+        self.values = self._v[..., : self._len, :]
+
 
 class GrowingCache(DynamicCache):
     """A DynamicCache whose layers append in place (full attention layers only)."""
 
     def __init__(self):
         Cache.__init__(self, layer_class_to_replicate=GrowingLayer)
+
+    def select_rows(self, rows: torch.Tensor) -> None:
+        for layer in self.layers:
+            layer.select_rows(rows)

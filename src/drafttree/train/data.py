@@ -103,6 +103,72 @@ def _chat_ids(tokenizer, messages: list[dict]) -> list[int]:
     return list(ids)
 
 
+@torch.inference_mode()
+def batched_greedy(model, prompts: list[list[int]], max_new_tokens: int, eos: set[int], pad: int,
+                   device) -> list[list[int]]:
+    """Greedy answers for a batch of prompts (left padding, in-place cache; finished rows are dropped).
+
+    Faster than ``generate`` here: no per-step mask rebuilding beyond the 2-D mask, logits only for the
+    last position, and the batch shrinks as answers end. Each answer ends with its EOS when it has one.
+    """
+    B = len(prompts)
+    width = max(len(p) for p in prompts)
+    ids = torch.full((B, width), pad, dtype=torch.long)
+    mask = torch.zeros((B, width), dtype=torch.long)
+    for i, p in enumerate(prompts):
+        ids[i, width - len(p):] = torch.tensor(p)
+        mask[i, width - len(p):] = 1
+    ids, mask = ids.to(device), mask.to(device)
+    pos = (mask.cumsum(1) - 1).clamp(min=0)
+    cache = GrowingCache()
+    out = model(input_ids=ids, attention_mask=mask, position_ids=pos, past_key_values=cache, use_cache=True,
+                logits_to_keep=1)
+    nxt = out.logits[:, -1].argmax(-1)
+    nextpos = pos[:, -1] + 1
+    rows = list(range(B))  # original index of each live row
+    answers: list[list[int]] = [[] for _ in range(B)]
+    finished = [False] * B
+    dead = 0
+    for step in range(max_new_tokens):
+        toks = nxt.tolist()
+        for r, orig in enumerate(rows):
+            if not finished[orig]:
+                answers[orig].append(toks[r])
+                if toks[r] in eos:
+                    finished[orig] = True
+                    dead += 1
+        if step + 1 == max_new_tokens or all(finished[o] for o in rows):
+            break
+        if dead * 4 >= len(rows):  # drop finished rows once they are a quarter of the batch
+            keep = [r for r, o in enumerate(rows) if not finished[o]]
+            sel = torch.tensor(keep, device=device)
+            cache.select_rows(sel)
+            mask, nxt, nextpos = mask[sel], nxt[sel], nextpos[sel]
+            rows = [rows[r] for r in keep]
+            dead = 0
+        mask = torch.cat([mask, torch.ones(len(rows), 1, dtype=mask.dtype, device=device)], 1)
+        out = model(input_ids=nxt[:, None], attention_mask=mask, position_ids=nextpos[:, None],
+                    past_key_values=cache, use_cache=True)
+        nxt = out.logits[:, -1].argmax(-1)
+        nextpos = nextpos + 1
+    return answers
+
+
+def _sampled_answers(model, prompts, max_new_tokens, pad, temperature, seed, device) -> list[list[int]]:
+    width = max(len(p) for p in prompts)
+    ids = torch.full((len(prompts), width), pad, dtype=torch.long)
+    attn = torch.zeros((len(prompts), width), dtype=torch.long)
+    for i, p in enumerate(prompts):
+        ids[i, width - len(p):] = torch.tensor(p)
+        attn[i, width - len(p):] = 1
+    torch.manual_seed(seed)
+    with torch.inference_mode():
+        out = model.generate(input_ids=ids.to(device), attention_mask=attn.to(device), max_new_tokens=max_new_tokens,
+                             pad_token_id=pad, do_sample=True, temperature=temperature, top_p=1.0, top_k=0,
+                             past_key_values=GrowingCache())
+    return out[:, width:].tolist()
+
+
 def _done_keys(path: Path) -> set[tuple[str, int]]:
     done = set()
     if path.exists():
@@ -174,22 +240,12 @@ def self_distill(
             todo = [t for c in range(0, len(todo), chunk) for t in sorted(todo[c:c + chunk], key=lambda t: len(t[2]))]
             for b in range(0, len(todo), batch_size):
                 batch = todo[b:b + batch_size]
-                width = max(len(t[2]) for t in batch)
-                input_ids = torch.full((len(batch), width), pad, dtype=torch.long)
-                attn = torch.zeros((len(batch), width), dtype=torch.long)
-                for i, (_, _, ids) in enumerate(batch):
-                    input_ids[i, width - len(ids):] = torch.tensor(ids)
-                    attn[i, width - len(ids):] = 1
-                kwargs = {"do_sample": False}
                 if temperature > 0:
-                    kwargs = {"do_sample": True, "temperature": temperature, "top_p": 1.0, "top_k": 0}
-                    torch.manual_seed(int(torch.randint(0, 2**31, (1,), generator=gen)))
-                with torch.inference_mode():
-                    outs = model.generate(
-                        input_ids=input_ids.to(target.device), attention_mask=attn.to(target.device),
-                        max_new_tokens=max_new_tokens, pad_token_id=pad, past_key_values=GrowingCache(), **kwargs,
-                    )
-                for (pid, hist, ids), row in zip(batch, outs[:, width:].tolist()):
+                    rows = _sampled_answers(model, [t[2] for t in batch], max_new_tokens, pad, temperature,
+                                            int(torch.randint(0, 2**31, (1,), generator=gen)), target.device)
+                else:
+                    rows = batched_greedy(model, [t[2] for t in batch], max_new_tokens, eos, pad, target.device)
+                for (pid, hist, ids), row in zip(batch, rows):
                     resp = []
                     finish = "length"
                     for t in row:
