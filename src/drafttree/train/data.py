@@ -346,36 +346,33 @@ def extract_features(
         _write_atomic_json(man_path, manifest)
         buf = []
 
-    # batch samples of similar length (right padding is harmless for a causal model's features)
-    i = 0
-    while i < len(todo):
-        group = [todo[i]]
-        width = len(todo[i]["prompt_ids"]) + len(todo[i]["response_ids"])
-        while (i + len(group) < len(todo) and len(buf) + len(group) < shard_size
-               and (len(group) + 1) * max(width, len(todo[i + len(group)]["prompt_ids"])
-                                          + len(todo[i + len(group)]["response_ids"])) <= batch_tokens):
-            nxt = todo[i + len(group)]
-            width = max(width, len(nxt["prompt_ids"]) + len(nxt["response_ids"]))
-            group.append(nxt)
-        width = min(width, max_tokens)
-        ids = torch.zeros(len(group), width, dtype=torch.long)
-        lens = []
-        for r, rec in enumerate(group):
-            seq = (rec["prompt_ids"] + rec["response_ids"])[:width]
-            ids[r, : len(seq)] = torch.tensor(seq)
-            lens.append(len(seq))
-        with torch.inference_mode():
-            hidden = base(input_ids=ids.to(target.device), use_cache=False).last_hidden_state
-        for r, rec in enumerate(group):
-            seq = (rec["prompt_ids"] + rec["response_ids"])[: lens[r]]
-            m = ([0] * len(rec["prompt_ids"]) + [1] * len(rec["response_ids"]))[: lens[r]]
-            buf.append((seq, m, hidden[r, : lens[r]].float().cpu()))
-        i += len(group)
-        line += len(group)
-        bar.update(len(group))
-        if len(buf) >= shard_size:
-            flush(line)
-    flush(line)
+    # one shard at a time; inside it, samples sorted by length and batched by a token budget (right
+    # padding is harmless for a causal model's features), written back in file order
+    for s0 in range(0, len(todo), shard_size):
+        part = todo[s0:s0 + shard_size]
+        seqs = [(rec["prompt_ids"] + rec["response_ids"])[:max_tokens] for rec in part]
+        feats: list[torch.Tensor | None] = [None] * len(part)
+        order = sorted(range(len(part)), key=lambda i: len(seqs[i]))
+        i = 0
+        while i < len(order):
+            group = [order[i]]
+            while i + len(group) < len(order) and (len(group) + 1) * len(seqs[order[i + len(group)]]) <= batch_tokens:
+                group.append(order[i + len(group)])
+            width = max(len(seqs[j]) for j in group)
+            ids = torch.zeros(len(group), width, dtype=torch.long)
+            for r, j in enumerate(group):
+                ids[r, : len(seqs[j])] = torch.tensor(seqs[j])
+            with torch.inference_mode():
+                hidden = base(input_ids=ids.to(target.device), use_cache=False).last_hidden_state
+            for r, j in enumerate(group):
+                feats[j] = hidden[r, : len(seqs[j])].to(torch.bfloat16).cpu()
+            i += len(group)
+            bar.update(len(group))
+        for rec, seq, f in zip(part, seqs, feats):
+            m = ([0] * len(rec["prompt_ids"]) + [1] * len(rec["response_ids"]))[: len(seq)]
+            buf.append((seq, m, f))
+        line += len(part)
+        flush(line)
     bar.close()
     return {"shards": len(manifest["shards"]), "samples": sum(s["samples"] for s in manifest["shards"]),
             "tokens": sum(s["tokens"] for s in manifest["shards"]),
