@@ -218,6 +218,21 @@ def step_losses(head: EagleHead, outs, cfg: TrainConfig, small_w: torch.Tensor):
     return total, logs
 
 
+def target_greedy(lm_w: torch.Tensor, feats: torch.Tensor, chunk: int = 512) -> torch.Tensor:
+    """argmax of the target's LM head at every position (full vocabulary), in chunks."""
+    out = [F.linear(feats[i:i + chunk].to(lm_w.dtype), lm_w).argmax(-1) for i in range(0, feats.shape[0], chunk)]
+    return torch.cat(out)
+
+
+def shifted(x: torch.Tensor, s: int) -> torch.Tensor:
+    """x[t + s] at index t for the T-1 anchors (pair positions), -1 past the end."""
+    tp = x.shape[0] - 1
+    out = torch.full((tp,), -1, dtype=x.dtype, device=x.device)
+    if s < x.shape[0]:
+        out[: x.shape[0] - s] = x[s:]
+    return out[:tp]
+
+
 @torch.no_grad()
 def evaluate(head: EagleHead, samples: list[dict], depth: int, max_len: int, device) -> dict:
     """Held-out top-1 accuracy of the head's draft at chain steps 1..depth against the target's greedy token
@@ -235,10 +250,11 @@ def evaluate(head: EagleHead, samples: list[dict], depth: int, max_len: int, dev
         base = outs[0][2][0]
         all_ok = base.clone()
         n += int(base.sum())
-        for k, (pred, tgt, lm) in enumerate(outs):
+        greedy = target_greedy(lm_w, feats[0])  # the target's token after every position
+        for k, (pred, _tgt, lm) in enumerate(outs):
             d = head.draft_logits(pred[0].to(lm_w.dtype)).argmax(-1)
             d = vocab_ids[d] if vocab_ids is not None else d
-            t = F.linear(tgt[0].to(lm_w.dtype), lm_w).argmax(-1)
+            t = shifted(greedy, k + 1)  # step k+1 from anchor t predicts the token after position t+k+1
             correct = (d == t) & lm[0]
             hit[k] += float((correct & base).sum())
             all_ok &= correct

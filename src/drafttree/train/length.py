@@ -27,7 +27,7 @@ from tqdm import tqdm
 from drafttree.errors import DraftTreeError
 from drafttree.heads.length import LengthPredictor
 from drafttree.train.data import load_feature_dir
-from drafttree.train.head import collate, split_samples, unrolled_forward
+from drafttree.train.head import collate, shifted, split_samples, target_greedy, unrolled_forward
 
 
 @torch.no_grad()
@@ -43,11 +43,11 @@ def make_labels(head, samples: list[dict], k_max: int, max_len: int, device, sho
         base = outs[0][2][0]
         ok = base.clone()
         count = torch.zeros_like(base, dtype=torch.long)
-        for pred, tgt, lm in outs:
+        greedy = target_greedy(lm_w, f[0])
+        for k, (pred, _tgt, lm) in enumerate(outs):
             d = head.draft_logits(pred[0].to(lm_w.dtype)).argmax(-1)
             d = vocab_ids[d] if vocab_ids is not None else d
-            t = torch.nn.functional.linear(tgt[0].to(lm_w.dtype), lm_w).argmax(-1)
-            ok &= (d == t) & lm[0]
+            ok &= (d == shifted(greedy, k + 1)) & lm[0]
             count += ok.long()
         anchors = base.nonzero().flatten()  # pair t: (feature t, token t+1); the LDLP sees token t and f_t
         tok_t = ids[0, anchors]

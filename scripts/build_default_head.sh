@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# Rebuild the EAGLE head (and AdaEAGLE length predictor) shipped for SmolLM2-135M-Instruct.
+# Every step is resumable: re-run the script after a crash or kill and it continues.
+# Times are for the 2-core AMD Zen 5 development machine (bf16); see docs/training.md.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+DATA=${DATA:-data}
+RUN=${RUN:-runs/head-smollm2}
+N_PROMPTS=${N_PROMPTS:-7000}
+LIMIT=${LIMIT:-}            # distil only the first N prompts of the (shuffled) order, e.g. LIMIT=4000
+EPOCHS=${EPOCHS:-8}
+mkdir -p "$DATA" "$RUN"
+
+# 1. training prompts from offline packages (never the benchmark sets; BIG-bench excluded)
+[ -f "$DATA/prompts.jsonl" ] || drafttree data prompts --out "$DATA/prompts.jsonl" --n "$N_PROMPTS" --seed 0
+
+# 2. the target answers them (greedy, bf16, 256 new tokens; shuffled length-sorted batches)
+drafttree data distill --prompts "$DATA/prompts.jsonl" --out "$DATA/distill.jsonl" --dtype bfloat16 \
+    --batch-size 48 --max-new-tokens 256 ${LIMIT:+--limit "$LIMIT"}
+
+# 3. target features (last hidden state after the final norm) into sharded safetensors
+drafttree data features --distilled "$DATA/distill.jsonl" --out "$DATA/features" --dtype bfloat16
+
+# 4. the head: one Llama decoder layer, 8192-token draft vocabulary, 3 unrolled draft steps
+drafttree train --features "$DATA/features" --out "$RUN" --dtype bfloat16 --epochs "$EPOCHS" \
+    --ttt-steps 3 --draft-vocab 8192 --lr 6e-4 --batch-tokens 8192 --eval-every 0 --resume
+
+# 5. AdaEAGLE's draft length predictor, next to the head
+drafttree train-length --features "$DATA/features" --head "$RUN/head" --out "$RUN/head" --k-max 8 --lam 3
+
+# 6. ship it
+mkdir -p src/drafttree/assets/heads
+rm -rf src/drafttree/assets/heads/smollm2-135m-instruct
+cp -r "$RUN/head" src/drafttree/assets/heads/smollm2-135m-instruct
+rm -f src/drafttree/assets/heads/smollm2-135m-instruct/ldlp-labels-*.safetensors
+echo "shipped head: src/drafttree/assets/heads/smollm2-135m-instruct"
