@@ -147,17 +147,19 @@ def test_decode_loop_broken_rule_is_caught(monkeypatch):
     assert min(p12, p3) < 1e-4, f"broken rule not detected end to end (p={p12:.2e}, {p3:.2e})"
 
 
-def _decode_loop_pvalues(opts, s, n: int = 2500):
+def _decode_loop_pvalues(opts, s, n: int = 2500, drafter=None, target=None):
     from drafttree.decode import DecodeStats, decode
     from drafttree.drafters.draft_model import DraftModelDrafter
     from drafttree.target import TargetModel
 
     vocab = 12
-    target = tiny_causal_lm("llama", vocab=vocab, hidden=32, seed=0)
-    draft = tiny_causal_lm("llama", vocab=vocab, hidden=32, seed=7)  # an unrelated draft: disagrees often
+    if target is None:
+        target = tiny_causal_lm("llama", vocab=vocab, hidden=32, seed=0)
+    if drafter is None:
+        draft = tiny_causal_lm("llama", vocab=vocab, hidden=32, seed=7)  # an unrelated draft: disagrees often
+        drafter = DraftModelDrafter(draft, vocab, **opts)
     prompt = [3, 5, 7, 2]
     tm = TargetModel(target)
-    drafter = DraftModelDrafter(draft, vocab, **opts)
     g = torch.Generator().manual_seed(123)
     c12, c3 = np.zeros(vocab * vocab), np.zeros(vocab)
     drafted = accepted = 0
@@ -172,3 +174,45 @@ def _decode_loop_pvalues(opts, s, n: int = 2500):
         c3[out[2]] += 1
     joint, third = _exact_prefix_dist(target, prompt, s, vocab)
     return chi2_pvalue(c12, joint), chi2_pvalue(c3, third), accepted / max(1, drafted)
+
+
+@pytest.mark.parametrize("method,opts,s", [
+    ("eagle2", {"depth": 3, "top_k": 3, "total_tokens": 8}, Sampling(1.0)),
+    ("eagle2", {"depth": 2, "top_k": 5, "total_tokens": 10}, Sampling(0.7, top_p=0.9)),
+    ("eagle1", {"depth": 3}, Sampling(1.3, top_k=6)),
+    ("eagle-chain", {"depth": 3}, Sampling(1.0)),
+])
+def test_eagle_trees_preserve_the_distribution(method, opts, s):
+    """EAGLE trees (deterministic top-k candidates, point-mass rule) and the sampled EAGLE chain."""
+    from drafttree.drafters.eagle import make_eagle_drafter
+    from drafttree.heads.model import EagleHead
+    from drafttree.models import LoadedModel
+
+    vocab = 12
+    target = tiny_causal_lm("llama", vocab=vocab, hidden=32, seed=0)
+    torch.manual_seed(5)
+    head = EagleHead(target)
+    with torch.no_grad():
+        for p in head.parameters():
+            p.mul_(3.0)  # a random head with confident (and mostly wrong) drafts
+    drafter = make_eagle_drafter(method, LoadedModel(target, None, "tiny", ""), head, **opts)
+    p12, p3, acc = _decode_loop_pvalues(None, s, drafter=drafter, target=target)
+    assert 0.02 < acc < 0.98, f"drafts should be accepted sometimes (rate {acc:.2f})"
+    assert p12 > 1e-3 and p3 > 1e-3, f"p(first two)={p12:.2e} p(third)={p3:.2e}"
+
+
+def test_eagle_tree_broken_rule_is_caught(monkeypatch):
+    import drafttree.accept as A
+    import drafttree.decode as D
+    from drafttree.drafters.eagle import make_eagle_drafter
+    from drafttree.heads.model import EagleHead
+    from drafttree.models import LoadedModel
+
+    monkeypatch.setattr(D, "accept", lambda tree, logits, s, g: A.accept_sampling(tree, logits, s, g, _broken=True))
+    target = tiny_causal_lm("llama", vocab=12, hidden=32, seed=0)
+    torch.manual_seed(5)
+    head = EagleHead(target)
+    drafter = make_eagle_drafter("eagle2", LoadedModel(target, None, "tiny", ""), head, depth=3, top_k=3,
+                                 total_tokens=8)
+    p12, p3, _ = _decode_loop_pvalues(None, Sampling(1.0), drafter=drafter, target=target)
+    assert min(p12, p3) < 1e-4, f"broken rule not detected on trees (p={p12:.2e}, {p3:.2e})"
