@@ -73,7 +73,7 @@ class BenchConfig:
         from drafttree.drafters import METHODS
 
         known = METHODS + HF_METHODS
-        bad = [m for m in self.methods if m not in known]
+        bad = [m for m in self.methods if parse_method(m)[0] not in known]
         if bad:
             raise DraftTreeError(f"unknown method(s) {', '.join(bad)}; choose from {', '.join(known)}")
         if len(set(self.methods)) != len(self.methods):
@@ -137,6 +137,29 @@ def canonical_command(cfg: BenchConfig, out: str | Path) -> str:
         parts += ["--data-dir", cfg.data_dir]
     parts += ["--out", str(out)]
     return shlex.join(parts)
+
+
+def parse_method(spec: str) -> tuple[str, dict]:
+    """``name`` or ``name:key=value,key=value`` (e.g. ``eagle-chain:depth=3``): a method plus its options.
+
+    The whole spec is the method's label in the results, so one run can compare settings of one method.
+    """
+    name, _, rest = spec.partition(":")
+    opts: dict = {}
+    for part in filter(None, rest.split(",")):
+        key, eq, val = part.partition("=")
+        if not eq or not key:
+            raise DraftTreeError(f"bad method option {part!r} in {spec!r}: expected key=value")
+        for conv in (int, float):
+            try:
+                val = conv(val)
+                break
+            except ValueError:
+                continue
+        if val in ("true", "false"):
+            val = val == "true"
+        opts[key.replace("-", "_")] = val
+    return name, opts
 
 
 def prompt_seed(base: int, task: str, question_id) -> int:
@@ -253,17 +276,17 @@ class BenchRunner:
         torch.set_num_threads(self.threads)  # fixed for the whole run
         wanted = list(cfg.methods)
         for m in wanted:
-            if needs_draft(m) and not cfg.draft_model:
+            if needs_draft(parse_method(m)[0]) and not cfg.draft_model:
                 self._skip_or_fail(m, "it needs a draft model (--draft-model)")
         wanted = [m for m in wanted if m not in self.skipped]
         target = load_model(cfg.model, dtype=cfg.dtype, device=cfg.device, show_progress=self.show_progress)
         draft = None
-        if cfg.draft_model and any(needs_draft(m) for m in wanted):
+        if cfg.draft_model and any(needs_draft(parse_method(m)[0]) for m in wanted):
             draft = load_model(cfg.draft_model, dtype=target.dtype, device=target.device,
                                show_progress=self.show_progress)
         head = None
         self.head_path = None
-        head_methods = [m for m in wanted if needs_head(m)]
+        head_methods = [m for m in wanted if needs_head(parse_method(m)[0])]
         if head_methods and cfg.head:
             from drafttree.heads import load_head_for, shipped_head_dir
 
@@ -288,7 +311,7 @@ class BenchRunner:
                 continue
             if m not in HF_METHODS:
                 try:
-                    self.lm.drafter(m)  # build it now: configuration errors surface before any timing
+                    self.lm.drafter(*parse_method(m))  # build it now: config errors surface before any timing
                 except DraftTreeError as e:
                     self._skip_or_fail(m, str(e))
                     continue
@@ -327,7 +350,9 @@ class BenchRunner:
             else:
                 _sync(dev)
                 t0 = time.perf_counter()
-                res = lm.generate(ids, max_new_tokens=max_new, temperature=cfg.temperature, seed=s, method=method)
+                name, opts = parse_method(method)
+                res = lm.generate(ids, max_new_tokens=max_new, temperature=cfg.temperature, seed=s, method=name,
+                                  method_options=opts)
                 _sync(dev)
                 wall = time.perf_counter() - t0
                 st = res.stats
