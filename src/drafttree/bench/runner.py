@@ -140,13 +140,13 @@ def canonical_command(cfg: BenchConfig, out: str | Path) -> str:
 
 
 def parse_method(spec: str) -> tuple[str, dict]:
-    """``name`` or ``name:key=value,key=value`` (e.g. ``eagle-chain:depth=3``): a method plus its options.
+    """``name`` or ``name:key=value:key=value`` (e.g. ``eagle-chain:depth=3``): a method plus its options.
 
     The whole spec is the method's label in the results, so one run can compare settings of one method.
     """
     name, _, rest = spec.partition(":")
     opts: dict = {}
-    for part in filter(None, rest.split(",")):
+    for part in filter(None, rest.split(":")):
         key, eq, val = part.partition("=")
         if not eq or not key:
             raise DraftTreeError(f"bad method option {part!r} in {spec!r}: expected key=value")
