@@ -192,10 +192,11 @@ def test_resume_skips_recorded_prompts(tmp_path, monkeypatch):
     lines = (out / "results.jsonl").read_text().splitlines()
     assert sum(bool(json.loads(x)["error"]) for x in lines) == 1  # the failure is recorded, the run went on
     # an interrupted run: a torn last line is ignored, the missing prompt and the failed one run again
-    (out / "results.jsonl").write_text("\n".join(lines[:4]) + '\n{"method": "lookup", "ta')
+    (out / "results.jsonl").write_text("\n".join(lines[:3]) + '\n{"method": "lookup", "ta')
     _FakeRunner.calls = []
     summary = R.run_bench(cfg, out, command="drafttree bench second", show_progress=False, plots=False)
-    assert _FakeRunner.calls == [("ar", "q", "boom"), ("lookup", "q", 2), ("lookup", "q", "boom")]
+    # methods run interleaved per prompt: ar 1, lookup 1, ar 2 | lookup 2, ar boom (failed), lookup boom
+    assert _FakeRunner.calls == [("lookup", "q", 2), ("ar", "q", "boom"), ("lookup", "q", "boom")]
     assert summary["commands"] == ["drafttree bench first", "drafttree bench second"]
     assert summary["results"]["lookup"]["q"]["prompts"] == 3 and summary["results"]["ar"]["q"]["failed"] == 0
     _FakeRunner.calls = []

@@ -110,7 +110,7 @@ def train_length_predictor(target, head, features: str, out: str, k_max: int = 8
             opt.step()
             sched.step()
             bar.update(1)
-            bar.set_postfix(loss=f"{float(loss):.3f}")
+            bar.set_postfix(loss=f"{loss.item():.3f}")
     bar.close()
     model.eval()
     with torch.no_grad():
