@@ -75,3 +75,27 @@ def test_draft_model_is_lossless(default_fp32, references, opts):
     sm = SpeculativeModel(default_fp32, method="draft", draft=draft, **opts)
     taus = _check_method(sm, "draft", references)
     assert 1.0 < sum(taus) / len(taus) < 1.0 + opts["k"], "the truncated draft is accepted sometimes, not always"
+
+
+# ------------------------------------------------------------------ the shipped EAGLE head and its LDLP
+
+HEAD_METHODS = ["eagle-chain", "eagle1", "eagle2", "eagle-chain-threshold", "eagle-chain-ldlp",
+                "eagle-chain-ldlp-threshold", "eagle2-ldlp"]
+
+
+@pytest.fixture(scope="module")
+def shipped(default_fp32):
+    from drafttree.heads import load_head_for, shipped_head_dir
+
+    assert shipped_head_dir(default_fp32.name) is not None, "the package must ship a head for the default model"
+    head = load_head_for(default_fp32)
+    assert (head.path / "ldlp.safetensors").exists(), "the shipped head must come with its trained LDLP"
+    return SpeculativeModel(default_fp32, head=head)
+
+
+@pytest.mark.parametrize("method", HEAD_METHODS)
+def test_shipped_head_is_lossless(shipped, references, method):
+    taus = _check_method(shipped, method, references)
+    # a trained head is accepted well beyond one token per target forward on these chat prompts
+    print(f"{method}: mean tau {sum(taus) / len(taus):.2f}")
+    assert sum(taus) / len(taus) > 1.2, f"{method}: mean tau {sum(taus) / len(taus):.2f}"
