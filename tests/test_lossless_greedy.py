@@ -99,3 +99,24 @@ def test_shipped_head_is_lossless(shipped, references, method):
     # a trained head is accepted well beyond one token per target forward on these chat prompts
     print(f"{method}: mean tau {sum(taus) / len(taus):.2f}")
     assert sum(taus) / len(taus) > 1.2, f"{method}: mean tau {sum(taus) / len(taus):.2f}"
+
+
+def test_oracle_chain_is_the_full_chain_cut_where_the_target_rejects(shipped, monkeypatch):
+    """The oracle drafts exactly what an 8-token chain gets accepted, and re-derives its reference when the
+    output leaves it (as a bf16 near-tie can make it), instead of drafting nothing from then on."""
+    prompt = PROMPTS[1]
+    full = shipped.generate(prompt, max_new_tokens=MAX_NEW, method="eagle-chain", method_options={"depth": 8})
+    oracle = shipped.generate(prompt, max_new_tokens=MAX_NEW, method="eagle-chain-oracle")
+    assert oracle.tokens == full.tokens and oracle.stats.accept_lengths == full.stats.accept_lengths
+
+    original = SpeculativeModel._set_oracle_reference
+
+    def wrong_after_ten(self, drafter, ids, sampling, max_new_tokens):
+        original(self, drafter, ids, sampling, max_new_tokens)
+        k = ids.numel() + 10
+        drafter.reference[k:] = [0] * (len(drafter.reference) - k)
+
+    monkeypatch.setattr(SpeculativeModel, "_set_oracle_reference", wrong_after_ten)
+    again = shipped.generate(prompt, max_new_tokens=MAX_NEW, method="eagle-chain-oracle")
+    assert again.tokens == full.tokens
+    assert again.target_forwards <= full.target_forwards + 1, "one round cut short, then the reference is back"

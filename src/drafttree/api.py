@@ -111,7 +111,8 @@ class SpeculativeModel:
         """Load a target (and a draft LM or EAGLE head if the method needs one).
 
         ``head='auto'`` uses the head shipped for the target when there is one; ``method='auto'`` picks the
-        best method available (EAGLE-2 with a head, else the draft model, else prompt lookup).
+        best method available (EAGLE-2 with a head, its depth set by the head's LDLP when one ships; else the
+        draft model, else prompt lookup).
         """
         if method != "auto" and method not in METHODS:
             raise DraftTreeError(f"unknown method {method!r}; choose one of {', '.join(METHODS)}")
@@ -130,8 +131,9 @@ class SpeculativeModel:
 
     def _resolve_method(self, method: str) -> str:
         if method == "auto":
-            if self.head is not None:
-                return "eagle2"
+            if self.head is not None:  # EAGLE-2 sized by the LDLP where one ships (it won in docs/benchmarks.md)
+                path = getattr(self.head, "path", None)
+                return "eagle2-ldlp" if path is not None and (path / "ldlp.safetensors").exists() else "eagle2"
             return "draft" if self.draft is not None else "lookup"
         if method not in METHODS:
             raise DraftTreeError(f"unknown method {method!r}; choose one of {', '.join(METHODS)}")
@@ -237,12 +239,19 @@ class SpeculativeModel:
         stream.result = GenerationResult(text, tokens, int(ids.numel()), method, stats)
 
     def _set_oracle_reference(self, drafter, ids, sampling, max_new_tokens) -> None:
-        """The oracle needs the target's own continuation: run plain decoding first (not timed)."""
+        """The oracle needs the target's own continuation: plain decoding, run apart and not timed."""
         if not sampling.greedy:
             raise DraftTreeError("eagle-chain-oracle is a measurement at temperature 0 only")
-        ref = [t for step in decode(self._runner, Drafter(), ids, sampling, max_new_tokens, self.eos_ids)
-               for t in step]
-        drafter.reference = ids.reshape(-1).tolist() + ref
+        plain = TargetModel(self.target.model)  # its own KV cache: the decode's cache stays untouched
+        end = ids.numel() + max_new_tokens
+
+        def continuation(context: list[int]) -> list[int]:
+            prompt = torch.tensor(context, dtype=ids.dtype, device=ids.device)
+            steps = decode(plain, Drafter(), prompt, sampling, max(1, end - len(context) + 1), self.eos_ids)
+            return [t for step in steps for t in step]
+
+        drafter.reference = ids.reshape(-1).tolist() + continuation(ids.reshape(-1).tolist())
+        drafter.reference_fn = continuation
 
     def generate(self, prompt: str | list[dict] | torch.Tensor, max_new_tokens: int = 256,
                  **kwargs) -> GenerationResult:

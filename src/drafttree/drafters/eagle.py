@@ -117,6 +117,9 @@ class EagleDrafter(Drafter):
         self.length_policy, self.threshold, self.ldlp = length_policy, float(threshold), ldlp
         self.depth_slack = depth_slack  # eagle2-ldlp: tree depth = predicted chain length + slack
         self.reference: list[int] | None = None  # oracle only: the target's own greedy continuation
+        # oracle only: context -> the target's greedy continuation of it, to re-derive the reference when the
+        # output left it (in bf16 a tree verify can flip a near-tie that plain decoding resolved the other way)
+        self.reference_fn = None
         self._last = None  # (token, feature) of the last token the target validated, for the LDLP
         self.name = name or {"chain": "eagle-chain", "static": "eagle1", "dynamic": "eagle2"}[shape]
         self.state = EagleState(head)
@@ -193,6 +196,10 @@ class EagleDrafter(Drafter):
         run of plain decoding) and drop it: the chain length an oracle would choose."""
         ref = self.reference or []
         start = len(req.context)  # reference index of the first draft token (the root is context[-1])
+        if self.reference_fn is not None and ref[:start] != req.context:
+            t0 = time.perf_counter()
+            self.reference = ref = list(req.context) + self.reference_fn(list(req.context))
+            req.info["untimed"] = time.perf_counter() - t0  # the decode loop leaves it out of its clock
         st = self.state
         dev = self.head.fc.weight.device
         lp = st.root_logprobs()
