@@ -59,23 +59,25 @@ def measure_verify_costs(runner, context: int = 256, reps: int = 7, sizes: list[
     g = torch.Generator().manual_seed(0)
     prompt = torch.randint(0, vocab, (context,), generator=g)
     runner.prefill(prompt)
-    secs = []
-    for n in sizes:
-        toks = torch.randint(0, vocab, (n,), generator=g).to(runner.device)
+    tokens = {n: torch.randint(0, vocab, (n,), generator=g).to(runner.device) for n in sizes}
+
+    def forward(n: int) -> float:
         idx = torch.arange(n, device=runner.device)
-        anc = idx[:, None] >= idx[None, :]
-        times = []
-        for r in range(reps + 1):
-            if runner.device.type == "cuda":
-                torch.cuda.synchronize(runner.device)
-            t0 = time.perf_counter()
-            runner.forward_tree(toks, idx, anc)
-            if runner.device.type == "cuda":
-                torch.cuda.synchronize(runner.device)
-            if r:  # the first is a warm-up
-                times.append(time.perf_counter() - t0)
-        times.sort()
-        secs.append(times[len(times) // 2])
+        if runner.device.type == "cuda":
+            torch.cuda.synchronize(runner.device)
+        t0 = time.perf_counter()
+        runner.forward_tree(tokens[n], idx, idx[:, None] >= idx[None, :])
+        if runner.device.type == "cuda":
+            torch.cuda.synchronize(runner.device)
+        return time.perf_counter() - t0
+
+    for n in sizes:  # warm-up: first calls of each shape pay for allocations and kernel selection
+        forward(n)
+    times: dict[int, list[float]] = {n: [] for n in sizes}
+    for _ in range(reps):
+        for n in sizes:  # interleaved, so a change in machine load hits every size alike
+            times[n].append(forward(n))
+    secs = [sorted(times[n])[len(times[n]) // 2] for n in sizes]
     runner.discard_pending()
     # enforce monotonicity (noise can make a bigger batch look cheaper)
     for i in range(1, len(secs)):
