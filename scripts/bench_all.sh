@@ -25,7 +25,11 @@ drafttree bench --setting S --temperature 1 --tasks mt_bench --prompts "$PROMPTS
 drafttree bench --setting L --prompts "$PROMPTS_L" --max-new-tokens "$MAX_NEW_L" --threads 2 --warmup 1 \
   --methods hf-ar,ar,hf-assisted,draft,lookup,hf-lookup --out "$OUT/bench-L"
 
-drafttree bench report "$OUT/bench-S-t0" "$OUT/bench-S-t1" "$OUT/bench-L" --out docs/benchmarks.md
+# EAGLE-2 side by side with its baselines in one run (after the calibration fix)
+drafttree bench --setting S --temperature 0 --prompts "$PROMPTS" --max-new-tokens "$MAX_NEW" --threads 2 --warmup 1 \
+  --methods hf-ar,ar,eagle1,eagle2,eagle2-ldlp --out "$OUT/bench-S-t0-eagle2"
+
+drafttree bench report "$OUT/bench-S-t0" "$OUT/bench-S-t0-eagle2" "$OUT/bench-S-t1" "$OUT/bench-L" --out docs/benchmarks.md
 
 # drafttree generate --compare for prompt lookup (S) and the Qwen draft pair (L), bf16
 P="Rewrite this function with type hints and a docstring: def area(w, h): return w * h"
