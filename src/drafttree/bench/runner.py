@@ -495,8 +495,11 @@ def run_bench(cfg: BenchConfig, out_dir: str | Path, command: str | None = None,
     repair_tail(results_path)
     done = done_keys(read_records(results_path))
     # methods interleaved per prompt: each prompt is answered by every method back to back, so a change
-    # in machine load hits all methods alike instead of whichever ran at that time
-    plan = [(m, t, q) for t in tasks for q in t.questions for m in runner.methods]
+    # in machine load hits all methods alike instead of whichever ran at that time; tasks round-robin, so
+    # a run stopped early (and resumed later) has covered every task evenly
+    rounds = max(len(t.questions) for t in tasks)
+    plan = [(m, t, t.questions[i]) for i in range(rounds) for t in tasks if i < len(t.questions)
+            for m in runner.methods]
     todo = [(m, t, q) for m, t, q in plan if (m, t.name, q.question_id) not in done]
     if len(todo) < len(plan):
         runner.log(f"[bench] resuming: {len(plan) - len(todo)} of {len(plan)} prompts already recorded")
