@@ -135,8 +135,11 @@ def render_run(summary: dict, heading_level: int = 2, img_prefix: str = "", titl
     c = summary["config"]
     h = "#" * heading_level
     base = summary.get("baseline")
+    n_tasks = len(summary.get("tasks") or [])
+    size = f"T={c['temperature']:g}, {n_tasks} task{'s' if n_tasks != 1 else ''} x " \
+           f"{c.get('prompts_per_task') or 'all'} prompts x {c['max_new_tokens']} tokens"
     title = title or f"Benchmark: {c['model']}" + (f" (setting {c['setting']})" if c.get("setting") else "") + (
-        " — quick" if c.get("quick") else "")
+        " — quick" if c.get("quick") else "") + f", {size}"
     out = [f"{h} {title}", ""]
     cmds = summary.get("commands") or []
     out += ["Command" + ("s (resumed run)" if len(cmds) > 1 else "") + ":", "", "```sh", *cmds, "```", ""]
