@@ -136,8 +136,12 @@ def render_run(summary: dict, heading_level: int = 2, img_prefix: str = "", titl
     h = "#" * heading_level
     base = summary.get("baseline")
     n_tasks = len(summary.get("tasks") or [])
-    size = f"T={c['temperature']:g}, {n_tasks} task{'s' if n_tasks != 1 else ''} x " \
-           f"{c.get('prompts_per_task') or 'all'} prompts x {c['max_new_tokens']} tokens"
+    asked = c.get("prompts_per_task") or "all"
+    counts = [cell.get("prompts", 0) for r in summary["results"].values() for t, cell in r.items() if t != MEAN]
+    done = min(counts) if counts else 0
+    prompts = f"{done} prompts" + ("" if asked == "all" or done >= asked else f" (of {asked} asked: stopped early)")
+    size = f"T={c['temperature']:g}, {n_tasks} task{'s' if n_tasks != 1 else ''} x {prompts} x " \
+           f"{c['max_new_tokens']} tokens"
     title = title or f"Benchmark: {c['model']}" + (f" (setting {c['setting']})" if c.get("setting") else "") + (
         " — quick" if c.get("quick") else "") + f", {size}"
     out = [f"{h} {title}", ""]
