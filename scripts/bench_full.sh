@@ -21,4 +21,4 @@ run_s0() { drafttree bench --setting S --temperature 0 --prompts "$P0" "${common
 run_l()  { drafttree bench --setting L --prompts "$PL" "${common[@]}" --methods "$L_METHODS" --out "$OUT/full-L"; }
 run_s1() { drafttree bench --setting S --temperature 1 --prompts "$P1" "${common[@]}" --methods "$T1_METHODS" --out "$OUT/full-S-t1"; }
 for r in ${RUNS:-s0 l s1}; do "run_$r"; done
-drafttree bench report "$OUT/full-S-t0" "$OUT/full-S-t1" "$OUT/full-L" --out "${REPORT:-docs/benchmarks.md}" || true
+REPORT=${REPORT:-docs/benchmarks.md} OUT="$OUT" bash scripts/bench_report.sh
