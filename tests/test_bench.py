@@ -80,7 +80,8 @@ def test_presets_quick_and_overrides():
     assert not s.strict_methods
     q = R.resolve_config(quick=True)
     assert (q.prompts, q.max_new_tokens, q.repeats, q.warmup) == (2, 32, 1, 1)
-    assert q.methods == ["hf-ar", "ar", "lookup", "eagle2"] and q.tasks == ["mt_bench", "humaneval", "sum", "qa"]
+    assert q.methods == ["hf-ar", "ar", "lookup", "eagle2", "auto"]
+    assert q.tasks == ["mt_bench", "humaneval", "sum", "qa"]
     lq = R.resolve_config(setting="L", quick=True, max_new_tokens=16, methods=["ar", "draft"])
     assert lq.draft_model and lq.tasks == ["humaneval"] and lq.max_new_tokens == 16 and lq.strict_methods
     assert R.resolve_config(head="none").head is None

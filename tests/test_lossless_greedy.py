@@ -101,6 +101,66 @@ def test_shipped_head_is_lossless(shipped, references, method):
     assert sum(taus) / len(taus) > 1.2, f"{method}: mean tau {sum(taus) / len(taus):.2f}"
 
 
+# ------------------------------------------------------- one tree fed by every source (hybrid, auto, switch)
+
+HYBRID_SETTINGS = [
+    ("hybrid", {}),  # auto: machine-fitted tree size, gates on
+    ("hybrid", {"gate": False, "total_tokens": 24}),  # big mixed trees every round
+    ("hybrid", {"gate": False, "top_k": 1, "total_tokens": 8}),  # head chains merged with n-gram branches
+    ("switch", {}),
+]
+
+
+@pytest.mark.parametrize("method,opts", HYBRID_SETTINGS, ids=lambda x: str(x))
+def test_hybrid_with_the_shipped_head_is_lossless(shipped, references, method, opts):
+    for p, ref in zip(PROMPTS, references):
+        res = shipped.generate(p, max_new_tokens=MAX_NEW, method=method, method_options=opts)
+        assert res.tokens == ref, f"{method} {opts} diverged on {p[:40]!r}"
+    if method == "hybrid" and opts:
+        accepts = shipped.drafter(method, opts).source_accepts
+        assert all(a > 0 for a in accepts), f"both sources must get drafts accepted: {accepts}"
+
+
+def test_auto_is_the_hybrid_and_lossless(shipped, references):
+    assert shipped.method == "hybrid"
+    assert [s.name for s in shipped.drafter().sources] == ["ngram", "head"]
+    _check_method(shipped, "hybrid", references)
+
+
+@pytest.mark.parametrize("with_head", [False, True])
+def test_hybrid_with_a_draft_model_is_lossless(default_fp32, shipped, references, with_head):
+    draft = truncated_copy(default_fp32, 10)
+    sm = SpeculativeModel(default_fp32, draft=draft, head=shipped.head if with_head else None)
+    assert sm.method == "hybrid"
+    names = [s.name for s in sm.drafter().sources]
+    assert names == (["ngram", "head", "draft"] if with_head else ["ngram", "draft"])
+    for p, ref in list(zip(PROMPTS, references))[:6]:
+        assert sm.generate(p, max_new_tokens=MAX_NEW).tokens == ref
+
+
+def test_seeded_sampling_does_not_depend_on_the_clock(shipped, monkeypatch):
+    """With a seed, tree sizes come from the cached cost curve and counters only: a jittery clock (a loaded
+    machine) must not change what is sampled."""
+    import time as time_module
+
+    prompt = PROMPTS[2]
+    first = shipped.generate(prompt, max_new_tokens=48, temperature=1.0, seed=7)
+    rng = iter(torch.rand(100_000, generator=torch.Generator().manual_seed(0)).tolist())
+    real = time_module.perf_counter
+    offset = [0.0]
+
+    def jittery() -> float:
+        offset[0] += next(rng) * 0.05  # up to 50 ms of extra "time" per reading
+        return real() + offset[0]
+
+    monkeypatch.setattr(time_module, "perf_counter", jittery)
+    for method in ("hybrid", "eagle2"):
+        a = shipped.generate(prompt, max_new_tokens=48, temperature=1.0, seed=7, method=method)
+        b = shipped.generate(prompt, max_new_tokens=48, temperature=1.0, seed=7, method=method)
+        assert a.tokens == b.tokens, f"{method}: same seed, different text under a jittery clock"
+    assert shipped.generate(prompt, max_new_tokens=48, temperature=1.0, seed=7).tokens == first.tokens
+
+
 def test_oracle_chain_is_the_full_chain_cut_where_the_target_rejects(shipped, monkeypatch):
     """The oracle drafts exactly what an 8-token chain gets accepted, and re-derives its reference when the
     output leaves it (as a bf16 near-tie can make it), instead of drafting nothing from then on."""

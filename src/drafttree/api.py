@@ -10,7 +10,7 @@ import torch
 
 from drafttree.accept import Sampling
 from drafttree.decode import DecodeStats, decode
-from drafttree.drafters import METHODS, Drafter, make_drafter, needs_head
+from drafttree.drafters import COMPOSED_METHODS, METHODS, Drafter, make_drafter, needs_head
 from drafttree.errors import DraftTreeError
 from drafttree.models import DEFAULT_MODEL, LoadedModel, check_same_vocabulary, load_model
 from drafttree.target import TargetModel
@@ -110,9 +110,9 @@ class SpeculativeModel:
                         show_progress: bool = True, **method_options) -> SpeculativeModel:
         """Load a target (and a draft LM or EAGLE head if the method needs one).
 
-        ``head='auto'`` uses the head shipped for the target when there is one; ``method='auto'`` picks the
-        best method available (EAGLE-2 with a head, its depth set by the head's LDLP when one ships; else the
-        draft model, else prompt lookup).
+        ``head='auto'`` uses the head shipped for the target when there is one; ``method='auto'`` is
+        ``hybrid`` (context n-grams + the head and/or draft LM in one ranked tree) when a head or a draft model
+        is loaded, else prompt lookup.
         """
         if method != "auto" and method not in METHODS:
             raise DraftTreeError(f"unknown method {method!r}; choose one of {', '.join(METHODS)}")
@@ -123,24 +123,23 @@ class SpeculativeModel:
         if draft_model:
             draft = load_model(draft_model, dtype=target.dtype, device=target.device, show_progress=show_progress)
         eagle_head = None
-        if head and (method == "auto" or needs_head(method)):
+        if head and (method in ("auto", *COMPOSED_METHODS) or needs_head(method)):
             from drafttree.heads import load_head_for
 
             eagle_head = load_head_for(target, None if head == "auto" else head, required=needs_head(method))
         return cls(target, method=method, draft=draft, head=eagle_head, **method_options)
 
     def _resolve_method(self, method: str) -> str:
-        if method == "auto":
-            if self.head is not None:  # EAGLE-2 sized by the LDLP where one ships (it won in docs/benchmarks.md)
-                path = getattr(self.head, "path", None)
-                return "eagle2-ldlp" if path is not None and (path / "ldlp.safetensors").exists() else "eagle2"
-            return "draft" if self.draft is not None else "lookup"
+        if method == "auto":  # every loaded source in one ranked tree; prompt lookup when nothing is loaded
+            return "hybrid" if self.head is not None or self.draft is not None else "lookup"
         if method not in METHODS:
             raise DraftTreeError(f"unknown method {method!r}; choose one of {', '.join(METHODS)}")
         if method == "draft" and self.draft is None:
             raise DraftTreeError("method 'draft' needs a draft model (draft_model=... / --draft-model)")
         if needs_head(method) and self.head is None:
             raise DraftTreeError(f"method {method!r} needs an EAGLE head for {self.target.name!r}")
+        if method in COMPOSED_METHODS and self.head is None and self.draft is None:
+            raise DraftTreeError(f"method {method!r} needs an EAGLE head or a draft model (draft_model=...)")
         return method
 
     def drafter(self, method: str | None = None, options: dict | None = None) -> Drafter:
@@ -197,10 +196,11 @@ class SpeculativeModel:
         gen.manual_seed(seed if seed is not None else random.randrange(2**63))
         stream = GenerationStream(iter(()))
         stream._it = self._run(ids, drafter, sampling, max_new_tokens, stops, gen, stream, record_rounds,
-                               method or self.method)
+                               method or self.method, seed is not None)
         return stream
 
-    def _run(self, ids, drafter, sampling, max_new_tokens, stops, gen, stream, record_rounds, method):
+    def _run(self, ids, drafter, sampling, max_new_tokens, stops, gen, stream, record_rounds, method,
+             reproducible=False):
         if method == "eagle-chain-oracle":
             self._set_oracle_reference(drafter, ids, sampling, max_new_tokens)
         stats = DecodeStats()
@@ -208,7 +208,7 @@ class SpeculativeModel:
         emitted = ""
         hold = max((len(s) for s in stops), default=1) - 1
         steps = decode(self._runner, drafter, ids, sampling, max_new_tokens, self.eos_ids, gen, stats,
-                       record_rounds)
+                       record_rounds, reproducible)
         step = 0
         stopped_at = None
         for new in steps:

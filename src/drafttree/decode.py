@@ -59,6 +59,7 @@ def decode(
     generator: torch.Generator | None = None,
     stats: DecodeStats | None = None,
     record_rounds: bool = False,
+    reproducible: bool = False,
 ) -> Iterator[list[int]]:
     """Yield the new tokens of each step (the first from the prefill, then accepted drafts + next token).
 
@@ -90,7 +91,7 @@ def decode(
             return
         t0 = clock()
         max_depth = min(max_new_tokens - stats.new_tokens - 1, target.max_positions - target.length - 2)
-        req = DraftRequest(context, root, max(0, max_depth), sampling, generator)
+        req = DraftRequest(context, root, max(0, max_depth), sampling, generator, reproducible=reproducible)
         tree = drafter.propose(req).to(dev)
         t0 += req.info.pop("untimed", 0.0)  # a measurement-only drafter's oracle work is not decoding time
         if tree.max_depth > req.max_depth:

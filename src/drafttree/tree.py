@@ -124,39 +124,46 @@ def _to_token_ids(stepper: TreeStepper, idx: torch.Tensor) -> torch.Tensor:
     return idx if stepper.vocab_ids is None else stepper.vocab_ids[idx]
 
 
-def grow_dynamic_tree(stepper: TreeStepper, root: int, depth: int, top_k: int, total_tokens: int,
-                      budget=None) -> DraftTree:
-    """EAGLE-2 expand-and-rerank.
+@dataclass
+class Candidates:
+    """Scored draft candidates from one expansion: node i's token, parent (-1: the root) and score.
 
-    Depth 1: the root's ``top_k`` children. Each further depth expands the ``top_k`` best frontier nodes
-    (by global score = sum of log-probs along the path), scoring all ``top_k**2`` of their children. Then
-    the best ``total_tokens - 1`` candidates over all depths are verified. A child never outscores its parent
-    (log-probs <= 0) and ties keep creation order, so the kept set is connected.
-
-    With a ``budget`` (:class:`drafttree.budget.TreeBudget`), ``depth`` and ``total_tokens`` are upper
-    bounds: drafting stops when one more level is not expected to pay for itself, and the verified size
-    maximises expected tokens per second on this machine.
+    ``cond_logp[i]`` is log P(node i accepted | its parent accepted), ``score[i]`` the sum of ``cond_logp``
+    along the path (a child never outscores its parent, so the best N nodes form a connected tree).
     """
-    t0 = time.perf_counter()
+
+    tokens: torch.Tensor  # [m] long
+    parents: torch.Tensor  # [m] long, index into these candidates, -1 = root
+    cond_logp: torch.Tensor  # [m] float
+    score: torch.Tensor  # [m] float
+    raw_logp: torch.Tensor  # [m] the drafter's own log-prob of the token given its parent
+    levels: int = 0  # drafter calls made beyond the root distribution
+
+
+def expand_candidates(stepper: TreeStepper, depth: int, top_k: int, calibrate=None, deeper=None) -> Candidates:
+    """EAGLE-2 expansion: depth 1 is the root's ``top_k`` children; each further depth expands the ``top_k``
+    best frontier nodes (by score) and scores all ``top_k**2`` of their children.
+
+    ``calibrate(raw_logp, depth) -> cond_logp`` maps the drafter's log-probs to acceptance estimates
+    (identity by default, as in EAGLE-2); ``deeper(candidates, frontier) -> bool`` may stop expanding early.
+    """
     root_lp = stepper.root_logprobs()
     dev = root_lp.device
     k = min(top_k, root_lp.shape[-1])
     lp, idx = root_lp.topk(k)
-    cand_parents = [torch.full((k,), -1, dtype=torch.long, device=dev)]  # candidate index of the parent
+    raw = lp.clamp(max=0.0).float()
+    cond = raw if calibrate is None else calibrate(raw, 1)
+    cand_parents = [torch.full((k,), -1, dtype=torch.long, device=dev)]
     frontier = torch.arange(k, device=dev)  # candidate indices of the nodes to expand next
     frontier_slot_parent = torch.full((k,), -1, dtype=torch.long, device=dev)  # parent's expansion slot
     expanded_anc = torch.zeros(0, 0, dtype=torch.bool, device=dev)  # ancestry among expanded slots
     n_cand = k
     all_tokens = _to_token_ids(stepper, idx)
-    all_scores = lp.clamp(max=0.0).float()
-    level_seconds = 0.0
+    all_raw, all_cond, all_scores = [raw], [cond], cond
+    levels = 0
     for d in range(1, depth):
-        if budget is not None and d > 1:
-            now = time.perf_counter()
-            best = torch.sort(all_scores, descending=True).values
-            if not budget.worth_deeper(best, all_scores[frontier], now - t0, level_seconds):
-                break
-        t_level = time.perf_counter()
+        if deeper is not None and not deeper(all_scores, frontier):
+            break
         m = frontier.numel()
         e = expanded_anc.shape[0]
         # new slots e..e+m-1 see their parent's ancestry plus themselves
@@ -170,38 +177,95 @@ def grow_dynamic_tree(stepper: TreeStepper, root: int, depth: int, top_k: int, t
         grown[e:] = attend
         expanded_anc = grown
         child_lp = stepper.expand(all_tokens[frontier], frontier_slot_parent, attend, d)  # [m, V']
+        levels += 1
         kk = min(top_k, child_lp.shape[-1])
         lp, idx = child_lp.topk(kk, dim=-1)  # [m, kk]
-        scores = (all_scores[frontier][:, None] + lp.clamp(max=0.0).float()).reshape(-1)
-        tokens = _to_token_ids(stepper, idx).reshape(-1)
-        cand_parents.append(frontier[:, None].expand(m, kk).reshape(-1))
-        all_tokens = torch.cat([all_tokens, tokens])
+        raw = lp.clamp(max=0.0).float().reshape(-1)
+        cond = raw if calibrate is None else calibrate(raw, d + 1)
+        scores = all_scores[frontier].repeat_interleave(kk) + cond
+        cand_parents.append(frontier.repeat_interleave(kk))
+        all_tokens = torch.cat([all_tokens, _to_token_ids(stepper, idx).reshape(-1)])
+        all_raw.append(raw)
+        all_cond.append(cond)
         all_scores = torch.cat([all_scores, scores])
         if d + 1 < depth:
             best_children = scores.topk(min(top_k, scores.numel())).indices
             frontier = n_cand + best_children
             frontier_slot_parent = e + torch.div(best_children, kk, rounding_mode="floor")
-        n_cand += tokens.numel()
-        level_seconds = time.perf_counter() - t_level
-    parents_all = torch.cat(cand_parents)
-    order = torch.sort(all_scores, descending=True, stable=True).indices
-    if budget is not None:
-        keep = budget.choose_total(all_scores[order], time.perf_counter() - t0) - 1
-    else:
-        keep = total_tokens - 1
+        n_cand += scores.numel()
+    return Candidates(all_tokens, torch.cat(cand_parents), torch.cat(all_cond), all_scores, torch.cat(all_raw),
+                      levels)
+
+
+def select_tree(root: int, cands: Candidates, keep: int) -> DraftTree:
+    """The tree of the root plus the ``keep`` best-scored candidates (ties keep creation order)."""
+    dev = cands.tokens.device
+    n_cand = int(cands.tokens.numel())
     keep = max(0, min(keep, n_cand))
+    order = torch.sort(cands.score, descending=True, stable=True).indices
     chosen = torch.sort(order[:keep]).values  # creation order is topological
     new_index = torch.full((n_cand,), -1, dtype=torch.long, device=dev)
     new_index[chosen] = torch.arange(1, keep + 1, device=dev)
-    par = parents_all[chosen]
+    par = cands.parents[chosen]
     par_new = torch.where(par >= 0, new_index[par.clamp(min=0)], torch.zeros_like(par))
     if bool((par_new < 0).any()):  # cannot happen with scores <= parent's; guard the invariant anyway
-        raise RuntimeError("dynamic tree selection is not ancestor-closed")
-    tokens = torch.cat([torch.tensor([root], dtype=torch.long, device=dev), all_tokens[chosen]])
+        raise RuntimeError("tree selection is not ancestor-closed")
+    tokens = torch.cat([torch.tensor([root], dtype=torch.long, device=dev), cands.tokens[chosen]])
     parents = torch.cat([torch.tensor([-1], dtype=torch.long, device=dev), par_new])
     tree = DraftTree.from_parents(tokens, parents)
-    tree.expected_accept = float(all_scores[chosen].exp().sum())
+    tree.expected_accept = float(cands.score[chosen].exp().sum())
     return tree
+
+
+class _CountingStepper:
+    """A stepper whose drafting time is modelled (``level_seconds`` per call) instead of read off a clock."""
+
+    def __init__(self, stepper: TreeStepper, level_seconds: float):
+        self.stepper, self.level_seconds, self.seconds = stepper, level_seconds, 0.0
+        self.vocab_ids = stepper.vocab_ids
+
+    def root_logprobs(self) -> torch.Tensor:
+        self.seconds += self.level_seconds
+        return self.stepper.root_logprobs()
+
+    def expand(self, tokens, parent_slots, attend, depth):
+        self.seconds += self.level_seconds
+        return self.stepper.expand(tokens, parent_slots, attend, depth)
+
+
+def grow_dynamic_tree(stepper: TreeStepper, root: int, depth: int, top_k: int, total_tokens: int,
+                      budget=None, level_seconds: float | None = None) -> DraftTree:
+    """EAGLE-2 expand-and-rerank: :func:`expand_candidates`, then the best ``total_tokens - 1`` candidates
+    over all depths are verified.
+
+    With a ``budget`` (:class:`drafttree.budget.TreeBudget`), ``depth`` and ``total_tokens`` are upper
+    bounds: drafting stops when one more level is not expected to pay for itself, and the verified size
+    maximises expected tokens per second on this machine. With ``level_seconds`` (seeded runs) drafting
+    time is modelled per drafter call instead of measured, so the tree never depends on the machine's load.
+    """
+    clock = time.perf_counter
+    if level_seconds is not None:
+        stepper = _CountingStepper(stepper, level_seconds)
+        clock = lambda: stepper.seconds  # noqa: E731
+    t0 = clock()
+    deeper = None
+    if budget is not None:
+        last = [t0]
+
+        def deeper(scores: torch.Tensor, frontier: torch.Tensor) -> bool:
+            now = clock()
+            level, last[0] = now - last[0], now  # the previous level's drafting time
+            if scores.numel() == frontier.numel():  # depth 1 only: always draft depth 2
+                return True
+            best = torch.sort(scores, descending=True).values
+            return budget.worth_deeper(best, scores[frontier], now - t0, level)
+
+    cands = expand_candidates(stepper, depth, top_k, deeper=deeper)
+    if budget is not None:
+        keep = budget.choose_total(torch.sort(cands.score, descending=True).values, clock() - t0) - 1
+    else:
+        keep = total_tokens - 1
+    return select_tree(root, cands, keep)
 
 
 # EAGLE-1's default static tree (mc_sim_7b_63): top-k rank paths, 25 draft nodes over 5 depths.
@@ -289,8 +353,13 @@ def grow_sampled_chain(stepper: TreeStepper, root: int, length: int, warp, gener
     drafts, qs = [], []
     for d in range(length):
         q_small = warp(lp.float())
-        q = q_small if stepper.vocab_ids is None else torch.zeros(vocab_size, device=dev).index_copy_(
-            0, stepper.vocab_ids, q_small)
+        if stepper.vocab_ids is not None:  # a reduced draft vocabulary: scatter into target ids
+            q = torch.zeros(vocab_size, device=dev).index_copy_(0, stepper.vocab_ids, q_small)
+        elif q_small.numel() < vocab_size:  # a draft LM with fewer output rows than the target
+            q = torch.zeros(vocab_size, device=dev)
+            q[: q_small.numel()] = q_small
+        else:
+            q = q_small
         tok = int(torch.multinomial(q, 1, generator=generator).item())
         drafts.append(tok)
         qs.append(q)

@@ -34,13 +34,13 @@ FINGERPRINT_KEYS = ("model", "draft_model", "head", "dtype", "device", "temperat
 
 SETTINGS: dict[str, dict] = {
     "S": {"model": "smollm2-135m-instruct", "draft_model": None, "tasks": list(BUILTIN),
-          "methods": ["hf-ar", "ar", "lookup", "hf-lookup", "eagle-chain", "eagle1", "eagle2"]},
+          "methods": ["hf-ar", "ar", "lookup", "hf-lookup", "eagle-chain", "eagle1", "eagle2", "switch", "auto"]},
     "L": {"model": "qwen2.5-coder-1.5b-instruct", "draft_model": "qwen2.5-coder-0.5b-instruct",
           "tasks": ["humaneval"],
-          "methods": ["hf-ar", "ar", "hf-assisted", "draft", "lookup", "eagle-chain", "eagle1", "eagle2"]},
+          "methods": ["hf-ar", "ar", "hf-assisted", "draft", "lookup", "switch", "auto"]},
 }
 QUICK = {"prompts": 2, "max_new_tokens": 32, "repeats": 1, "warmup": 1,
-         "methods": ["hf-ar", "ar", "lookup", "eagle2"], "tasks": ["mt_bench", "humaneval", "sum", "qa"]}
+         "methods": ["hf-ar", "ar", "lookup", "eagle2", "auto"], "tasks": ["mt_bench", "humaneval", "sum", "qa"]}
 DEFAULTS = {"model": "smollm2-135m-instruct", "draft_model": None, "head": "auto", "tasks": list(BUILTIN),
             "methods": SETTINGS["S"]["methods"], "temperature": 0.0, "max_new_tokens": 256, "prompts": None,
             "repeats": 1, "warmup": 2, "dtype": "auto", "device": "auto", "threads": None, "seed": 0}
@@ -72,7 +72,7 @@ class BenchConfig:
     def validate(self) -> None:
         from drafttree.drafters import METHODS
 
-        known = METHODS + HF_METHODS
+        known = ["auto"] + METHODS + HF_METHODS
         bad = [m for m in self.methods if parse_method(m)[0] not in known]
         if bad:
             raise DraftTreeError(f"unknown method(s) {', '.join(bad)}; choose from {', '.join(known)}")
@@ -266,8 +266,11 @@ class BenchRunner:
         import torch
 
         from drafttree.api import SpeculativeModel
-        from drafttree.drafters import needs_head
+        from drafttree.drafters import COMPOSED_METHODS, needs_head
         from drafttree.models import load_model
+
+        def uses_models(m: str) -> bool:  # methods that take whatever head / draft LM is loaded
+            return parse_method(m)[0] in ("auto", *COMPOSED_METHODS)
 
         cfg = self.cfg
         if cfg.threads:
@@ -281,13 +284,13 @@ class BenchRunner:
         wanted = [m for m in wanted if m not in self.skipped]
         target = load_model(cfg.model, dtype=cfg.dtype, device=cfg.device, show_progress=self.show_progress)
         draft = None
-        if cfg.draft_model and any(needs_draft(parse_method(m)[0]) for m in wanted):
+        if cfg.draft_model and any(needs_draft(parse_method(m)[0]) or uses_models(m) for m in wanted):
             draft = load_model(cfg.draft_model, dtype=target.dtype, device=target.device,
                                show_progress=self.show_progress)
         head = None
         self.head_path = None
         head_methods = [m for m in wanted if needs_head(parse_method(m)[0])]
-        if head_methods and cfg.head:
+        if (head_methods or any(uses_models(m) for m in wanted)) and cfg.head:
             from drafttree.heads import load_head_for, shipped_head_dir
 
             try:

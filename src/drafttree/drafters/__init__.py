@@ -6,7 +6,7 @@ from drafttree.drafters.base import Drafter, DraftRequest
 from drafttree.errors import DraftTreeError
 
 # Stable method names (CLI, API, benchmark). Each maps to a drafter factory below.
-BASE_METHODS = ["ar", "lookup", "draft"]
+BASE_METHODS = ["ar", "lookup", "draft", "hybrid", "switch"]
 HEAD_METHODS = [
     "eagle-chain", "eagle1", "eagle2",
     "eagle-chain-threshold", "eagle-chain-ldlp", "eagle-chain-ldlp-threshold", "eagle2-ldlp",
@@ -19,11 +19,19 @@ def needs_head(method: str) -> bool:
     return method in HEAD_METHODS
 
 
+# methods that use whatever model sources are loaded (an EAGLE head, a draft LM), and need one of them
+COMPOSED_METHODS = ["hybrid", "switch"]
+HYBRID_OPTIONS = {"top_k", "top_k_draft", "depth", "max_total", "total_tokens", "gate", "sources", "max_ngram",
+                  "num_tokens", "max_candidates"}
+
+
 # options each method accepts (CLI flags map onto these names)
 OPTIONS = {
     "ar": set(),
     "lookup": {"max_ngram", "min_ngram", "num_tokens", "max_candidates", "k"},
     "draft": {"k", "depth", "tree", "top_k", "top_k_draft", "total_tokens", "max_total"},
+    "hybrid": HYBRID_OPTIONS,
+    "switch": {"max_ngram", "num_tokens", "max_candidates", "top_k", "top_k_draft", "depth", "max_total"},
     **{m: {"k", "depth", "top_k", "top_k_draft", "total_tokens", "max_total", "threshold", "tree", "ldlp",
            "depth_slack"} for m in HEAD_METHODS},
 }
@@ -45,6 +53,13 @@ def make_drafter(method: str, target, draft=None, head=None, **options) -> Draft
         if "k" in options:
             options["num_tokens"] = options.pop("k")
         return LookupDrafter(device=target.device, **options)
+    if method in COMPOSED_METHODS:
+        from drafttree.drafters.compose import make_hybrid, make_switch
+
+        if draft is None and head is None:
+            raise DraftTreeError(f"method {method!r} needs an EAGLE head or a draft model (--draft-model)")
+        make = make_hybrid if method == "hybrid" else make_switch
+        return make(target, draft, head, **options)
     if method == "draft":
         from drafttree.drafters.draft_model import DraftModelDrafter
 
@@ -64,4 +79,4 @@ def make_drafter(method: str, target, draft=None, head=None, **options) -> Draft
     raise DraftTreeError(f"unknown method {method!r}; choose one of {', '.join(METHODS)}")
 
 
-__all__ = ["DraftRequest", "Drafter", "METHODS", "make_drafter", "needs_head"]
+__all__ = ["COMPOSED_METHODS", "DraftRequest", "Drafter", "METHODS", "make_drafter", "needs_head"]

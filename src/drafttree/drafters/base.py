@@ -20,6 +20,8 @@ class DraftRequest:
     sampling: Sampling
     generator: torch.Generator | None
     info: dict = field(default_factory=dict)  # drafters may leave per-round notes (e.g. chosen depth)
+    # a seed was given: every drafting decision must come from counters and cached curves, never a clock
+    reproducible: bool = False
 
 
 class Drafter:

@@ -36,13 +36,54 @@ class _DraftLMStepper:
         return torch.log_softmax(out.logits[:, : self.vocab], dim=-1)
 
 
+class DraftLMState:
+    """The draft LM's own KV cache, kept in step with the context lazily (only when it drafts).
+
+    Its distribution covers the ids both vocabularies share (``min`` of the two output sizes): a draft with
+    fewer rows than the target (Qwen2.5-0.5B: 151,936 vs 152,064) never proposes the ids it lacks.
+    """
+
+    def __init__(self, draft_model: torch.nn.Module, target_vocab: int):
+        self.lm = TargetModel(draft_model)
+        self.rows = self.lm.model.get_input_embeddings().weight.shape[0]
+        self.vocab = min(target_vocab, self.lm.lm_head.weight.shape[0])
+        self.fed = 0  # context tokens held by the draft's committed cache
+
+    def reset(self) -> None:
+        self.fed = 0
+        self.lm.cache = None
+
+    def _ids(self, tokens: list[int]) -> torch.Tensor:
+        """Token ids the draft has no embedding for (the target's extra rows) are read as id 0."""
+        ids = torch.tensor(tokens, dtype=torch.long)
+        return ids.masked_fill(ids >= self.rows, 0)
+
+    @torch.inference_mode()
+    def catch_up(self, context: list[int]) -> torch.Tensor:
+        """Feed the context tokens the draft has not seen; log-probs of the token after the last one."""
+        if self.lm.cache is None or self.fed > len(context):
+            out = self.lm.prefill(self._ids(context))
+        else:
+            self.lm.discard_pending()
+            new = context[self.fed:]
+            n = len(new)
+            positions = torch.arange(self.lm.length, self.lm.length + n)
+            causal = torch.tril(torch.ones(n, n, dtype=torch.bool))
+            out = self.lm.forward_nodes(self._ids(new), positions, causal)
+            self.lm.commit(list(range(n)))
+        self.fed = len(context)
+        return torch.log_softmax(out.logits[-1, : self.vocab], dim=-1)
+
+    def stepper(self, context: list[int]) -> _DraftLMStepper:
+        return _DraftLMStepper(self.lm, self.catch_up(context), self.vocab)
+
+
 class DraftModelDrafter(Drafter):
     name = "draft"
 
     def __init__(self, draft_model: torch.nn.Module, vocab_size: int, k: int = 4, tree: bool = False,
                  top_k: int = 4, total_tokens: int | str = 16, budget=None, depth: int | None = None):
-        self.lm = TargetModel(draft_model)
-        self.vocab = min(vocab_size, self.lm.lm_head.weight.shape[0])
+        self.state = DraftLMState(draft_model, vocab_size)
         self.target_vocab = vocab_size
         k = depth if depth is not None else k
         if int(k) <= 0:
@@ -50,34 +91,16 @@ class DraftModelDrafter(Drafter):
         self.k, self.tree, self.top_k = int(k), tree, int(top_k)
         self.total_tokens = total_tokens if total_tokens == "auto" else int(total_tokens)
         self.budget = budget  # a TreeBudget when total_tokens == "auto" (trees only)
-        self.fed = 0  # context tokens held by the draft's committed cache
 
     def begin(self, prompt, prefill_features, root):
-        self.fed = 0
-        self.lm.cache = None
-
-    @torch.inference_mode()
-    def _catch_up(self, context: list[int]) -> torch.Tensor:
-        """Feed the context tokens the draft has not seen (the accepted drafts and the root)."""
-        if self.lm.cache is None:
-            out = self.lm.prefill(torch.tensor(context))
-        else:
-            self.lm.discard_pending()
-            new = context[self.fed:]
-            n = len(new)
-            positions = torch.arange(self.lm.length, self.lm.length + n)
-            causal = torch.tril(torch.ones(n, n, dtype=torch.bool))
-            out = self.lm.forward_nodes(torch.tensor(new), positions, causal)
-            self.lm.commit(list(range(n)))
-        self.fed = len(context)
-        return torch.log_softmax(out.logits[-1, : self.vocab], dim=-1)
+        self.state.reset()
 
     @torch.inference_mode()
     def propose(self, req: DraftRequest) -> DraftTree:
         k = min(self.k, req.max_depth)
         if k <= 0:
             return DraftTree.root_only(req.root)
-        stepper = _DraftLMStepper(self.lm, self._catch_up(req.context), self.vocab)
+        stepper = self.state.stepper(req.context)
         if self.tree:  # deterministic top-k tree: point-mass candidates at any temperature
             total = self.budget.max_total if self.budget is not None else self.total_tokens
             tree = grow_dynamic_tree(stepper, req.root, k, self.top_k, total, budget=self.budget)

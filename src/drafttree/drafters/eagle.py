@@ -123,9 +123,11 @@ class EagleDrafter(Drafter):
         self._last = None  # (token, feature) of the last token the target validated, for the LDLP
         self.name = name or {"chain": "eagle-chain", "static": "eagle1", "dynamic": "eagle2"}[shape]
         self.state = EagleState(head)
+        self._seeded_budget: TreeBudget | None = None
 
     def begin(self, prompt: torch.Tensor, prefill_features: torch.Tensor, root: int) -> None:
         self.state = EagleState(self.head)
+        self._seeded_budget = None  # a seeded generation starts from a fresh budget state of its own
         ids = prompt.reshape(-1).tolist()
         self._last = (ids[-1], prefill_features[-1])
         self.state.encode(prefill_features, ids[1:] + [root], 0)
@@ -133,8 +135,12 @@ class EagleDrafter(Drafter):
     def observe(self, committed: list[int], features: torch.Tensor, next_root: int) -> None:
         if self.budget is not None and self._round is not None:
             expected, t_start, t_draft, n = self._round
-            now = time.perf_counter()
-            self.budget.observe(expected, len(committed) - 1, now - t_start, t_draft, self.budget.cost.verify(n))
+            verify = self.budget.cost.verify(n)
+            if self._seeded_budget is not None:  # counters only: no measured time enters a seeded run
+                self._seeded_budget.observe(expected, len(committed) - 1, t_draft + verify, t_draft, verify)
+            else:
+                now = time.perf_counter()
+                self.budget.observe(expected, len(committed) - 1, now - t_start, t_draft, verify)
             self._round = None
         self._last = (committed[-1], features[-1])
         self.state.encode(features, committed[1:] + [next_root], self.state.root_pos)
@@ -172,12 +178,19 @@ class EagleDrafter(Drafter):
         st = self.state
         if self.shape == "dynamic":
             t0 = time.perf_counter()
-            total = self.total_tokens if self.budget is None else self.budget.max_total
-            tree = grow_dynamic_tree(st, req.root, depth, self.top_k, total, budget=self.budget)
-            if self.budget is not None:
-                self._round = (tree.expected_accept or 0.0, t0, time.perf_counter() - t0, tree.size)
+            budget, level = self.budget, None
+            if budget is not None and req.reproducible:
+                if self._seeded_budget is None:
+                    self._seeded_budget = TreeBudget(budget.cost, max_total=budget.max_total)
+                budget = self._seeded_budget
+                level = self.head.level_cost() * budget.cost.verify(1)  # modelled, not measured
+            total = self.total_tokens if budget is None else budget.max_total
+            tree = grow_dynamic_tree(st, req.root, depth, self.top_k, total, budget=budget, level_seconds=level)
+            if budget is not None:
+                t_draft = time.perf_counter() - t0 if level is None else level * (tree.max_depth + 1)
+                self._round = (tree.expected_accept or 0.0, t0, t_draft, tree.size)
                 req.info.update(tree_tokens=tree.size, depth=tree.max_depth,
-                                calibration=round(self.budget.calibration, 3))
+                                calibration=round(budget.calibration, 3))
             return tree
         if self.shape == "chain":
             if not req.sampling.greedy:

@@ -54,6 +54,7 @@ class EagleHead(nn.Module):
         # frozen, shared with the target, never saved
         self._embed = [base.get_input_embeddings()]
         self._lm_head = [target_model.get_output_embeddings()]
+        self.target_params = sum(p.numel() for p in target_model.parameters())
         self.set_draft_vocab(draft_vocab)
 
     # -- vocabulary ------------------------------------------------------------------------------------
@@ -69,6 +70,12 @@ class EagleHead(nn.Module):
     @property
     def lm_head(self) -> nn.Module:
         return self._lm_head[0]
+
+    def level_cost(self) -> float:
+        """One drafting level's cost in target forwards: the bytes it reads (its layers and its LM-head rows)
+        over the target's. A model, not a measurement, so that seeded runs never depend on a clock."""
+        own = sum(p.numel() for p in self.parameters()) + self.draft_head_weight().numel()
+        return own / max(1, self.target_params)
 
     def draft_head_weight(self) -> torch.Tensor:
         """LM-head rows of the draft vocabulary (cached; the target's LM head is frozen)."""

@@ -27,7 +27,7 @@ from importlib import resources
 
 import torch
 
-from drafttree.drafters import METHODS, needs_head
+from drafttree.drafters import COMPOSED_METHODS, METHODS, needs_head
 from drafttree.errors import DraftTreeError
 
 MAX_BODY_BYTES = 4 * 1024 * 1024
@@ -205,7 +205,8 @@ class App:
         self.model_name = sm.target.name
         self.created = int(time.time())
         self.methods = [m for m in METHODS if (m != "draft" or sm.draft is not None)
-                        and (not needs_head(m) or sm.head is not None)]
+                        and (not needs_head(m) or sm.head is not None)
+                        and (m not in COMPOSED_METHODS or sm.head is not None or sm.draft is not None)]
 
     def info(self) -> dict:
         t = self.sm.target

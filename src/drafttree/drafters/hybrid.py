@@ -1,0 +1,239 @@
+"""One tree fed by every drafter: candidate sources merged as a trie, ranked by calibrated acceptance.
+
+Each round the sources propose in order, cheapest first (context n-grams, then the EAGLE head and/or a
+draft LM). Their candidates are merged into one trie (a node proposed by several sources keeps its best
+estimate), every node is ranked by its estimated probability of being accepted (product of calibrated
+conditional rates along its path), and the best N are verified, N chosen on this machine's verify-cost
+curve to maximise expected tokens per unit of time; N = 1 (the root alone, plain decoding) when no tree is
+expected to pay for its verification. After verification every verified node whose parent was accepted
+updates its source's calibration cell, and a :class:`Gate` stops running a costly source while its own
+accepted tokens (those no other source proposed) do not pay for its drafting. No decision reads a clock:
+sizes come from the cached cost curve and counters, so a seeded run reproduces.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from drafttree.drafters.base import Drafter, DraftRequest
+from drafttree.sources.base import CandidateSource, Proposal, RoundContext
+from drafttree.tree import DraftTree
+
+
+class Gate:
+    """Runs a costly source only while its marginal accepted tokens pay for it, probing now and then.
+
+    State per *situation* (what the cheaper sources proposed this round: nothing / a weak / a strong
+    branch): an average of the source's marginal accepted tokens and of its cost. The source pays when
+    gain > cost x (tokens per target forward without it). A closed gate re-opens for one probe round
+    after ``probe`` rounds, the wait doubling after each failed probe (up to ``max_probe``).
+    """
+
+    def __init__(self, probe: int = 8, max_probe: int = 64, decay: float = 0.7, enabled: bool = True):
+        self.probe0, self.max_probe, self.decay, self.enabled = probe, max_probe, decay, enabled
+        self.reset()
+
+    def reset(self) -> None:
+        self.gain: dict[int, float] = {}
+        self.cost: dict[int, float] = {}
+        self.wait: dict[int, int] = {}
+        self.since: dict[int, int] = {}
+        self.rate = 1.0  # tokens per round from the other sources (EMA)
+
+    def allow(self, situation: int) -> bool:
+        if not self.enabled or situation not in self.gain:
+            return True
+        if self.gain[situation] > self.cost[situation] * self.rate:
+            return True
+        self.since[situation] = self.since.get(situation, 0) + 1
+        if self.since[situation] >= self.wait.get(situation, self.probe0):
+            self.since[situation] = 0
+            return True
+        return False
+
+    def record(self, situation: int, gain: float, cost: float, base_tokens: float) -> None:
+        d = self.decay
+        paid_before = situation not in self.gain or self.gain[situation] > self.cost[situation] * self.rate
+        self.gain[situation] = gain if situation not in self.gain else d * self.gain[situation] + (1 - d) * gain
+        self.cost[situation] = cost if situation not in self.cost else d * self.cost[situation] + (1 - d) * cost
+        self.rate = d * self.rate + (1 - d) * base_tokens
+        if self.gain[situation] > self.cost[situation] * self.rate:
+            self.wait[situation] = self.probe0
+        elif not paid_before:  # a failed probe: wait longer next time
+            self.wait[situation] = min(self.max_probe, 2 * self.wait.get(situation, self.probe0))
+
+
+def situation(earlier: list[Proposal]) -> int:
+    """0: no cheaper source proposed anything; 1: they expect < 1 accepted token; 2: more."""
+    e = sum(p.expected for p in earlier)
+    return 0 if not earlier else (1 if e < 1.0 else 2)
+
+
+class MergedTree:
+    """The trie of all proposals: tokens, parents, best score and the (source, cell) pairs behind each node."""
+
+    def __init__(self, root: int):
+        self.tokens, self.parents, self.scores = [root], [-1], [0.0]
+        self.owners: list[list[tuple[int, int]]] = [[]]
+        self.child: dict[tuple[int, int], int] = {}
+
+    def add(self, prop: Proposal, limit: int) -> None:
+        """Insert the proposal's ``limit`` best candidates (no node outside them can make a top-``limit``)."""
+        c = prop.cands
+        m = int(c.tokens.numel())
+        if m == 0:
+            return
+        keep = torch.sort(torch.sort(c.score, descending=True, stable=True).indices[:limit]).values.tolist()
+        toks, pars, scores = c.tokens.tolist(), c.parents.tolist(), c.score.tolist()
+        cells = prop.cells.tolist()
+        where: dict[int, int] = {}
+        for i in keep:
+            parent = 0 if pars[i] < 0 else where[pars[i]]
+            key = (parent, toks[i])
+            node = self.child.get(key)
+            if node is None:
+                node = self.child[key] = len(self.tokens)
+                self.tokens.append(toks[i])
+                self.parents.append(parent)
+                self.scores.append(scores[i])
+                self.owners.append([])
+            else:
+                self.scores[node] = max(self.scores[node], scores[i])
+            self.owners[node].append((prop.source, cells[i]))
+            where[i] = node
+
+    def best(self, n: int) -> list[int]:
+        """Indices of the root and the ``n - 1`` best nodes, in creation (topological) order."""
+        order = sorted(range(1, len(self.tokens)), key=lambda i: (-self.scores[i], i))[: max(0, n - 1)]
+        return [0] + sorted(order)
+
+
+class HybridDrafter(Drafter):
+    """Sources -> one ranked tree. ``sources`` are tried in order (cheapest first); ``budget`` a TreeBudget
+    (its cost curve sizes the tree); ``total_tokens`` fixes the tree size instead (tests, sweeps)."""
+
+    def __init__(self, sources: list[CandidateSource], budget=None, total_tokens: int | None = None,
+                 gate: bool = True, name: str = "hybrid"):
+        if budget is None and total_tokens is None:
+            raise ValueError("HybridDrafter needs a TreeBudget or a fixed total_tokens")
+        self.sources = list(sources)
+        self.budget, self.total_tokens = budget, total_tokens
+        self.gates = [Gate(enabled=gate and s.cost > 0) for s in self.sources]
+        self.name = name
+        self._round: tuple | None = None
+        self._fresh = True
+        self.source_accepts = [0] * len(self.sources)  # accepted drafts each source proposed (diagnostics)
+
+    def begin(self, prompt: torch.Tensor, prefill_features: torch.Tensor, root: int) -> None:
+        for s in self.sources:
+            s.begin(prompt, prefill_features, root)
+        for g in self.gates:
+            g.reset()
+        self._round = None
+        self._fresh = True
+        self.source_accepts = [0] * len(self.sources)
+
+    def _start_generation(self, reproducible: bool) -> None:
+        """Seeded generations start from the priors (and so reproduce); others keep what earlier generations
+        learned, half-weighted so that a new kind of prompt takes over quickly."""
+        for s in self.sources:
+            cal = s.calibration
+            if reproducible:
+                cal.reset()
+            else:
+                cal.hits.mul_(0.5)
+                cal.trials.mul_(0.5)
+        self._fresh = False
+
+    def _size(self, merged: MergedTree, spent: float) -> int:
+        if self.total_tokens is not None:
+            return min(int(self.total_tokens), len(merged.tokens))
+        scores = torch.tensor(sorted(merged.scores[1:], reverse=True), dtype=torch.float64)
+        return self.budget.choose_total(scores, spent * self.budget.cost.verify(1))
+
+    def propose(self, req: DraftRequest) -> DraftTree:
+        if self._fresh:
+            self._start_generation(req.reproducible)
+        if req.max_depth <= 0:
+            return DraftTree.root_only(req.root)
+        rc = RoundContext(req.context, req.root, req.max_depth, req.sampling, [])
+        limit = self.total_tokens or self.budget.max_total
+        merged = MergedTree(req.root)
+        ran: list[tuple[int, int, float]] = []  # (source, situation, cost) of the costly sources that drafted
+        spent = 0.0
+        for i, (src, gate) in enumerate(zip(self.sources, self.gates)):
+            sit = situation(rc.earlier)
+            if src.cost > 0 and not gate.allow(sit):
+                continue
+            prop = src.propose(rc, i)
+            if src.cost > 0:
+                levels = 1 + (prop.cands.levels if prop is not None else 0)
+                spent += levels * src.cost
+                ran.append((i, sit, levels * src.cost))
+            if prop is None:
+                continue
+            rc.earlier.append(prop)
+            merged.add(prop, limit)
+        keep = merged.best(self._size(merged, spent))
+        tokens = torch.tensor([merged.tokens[i] for i in keep], dtype=torch.long)
+        pos = {node: j for j, node in enumerate(keep)}
+        parents = torch.tensor([-1] + [pos[merged.parents[i]] for i in keep[1:]], dtype=torch.long)
+        tree = DraftTree.from_parents(tokens, parents)
+        tree.expected_accept = float(sum(torch.tensor([merged.scores[i] for i in keep[1:]]).exp()))
+        self._round = (merged, keep, ran)
+        owners = sorted({self.sources[src].name for i in keep[1:] for src, _ in merged.owners[i]})
+        req.info.update(tree_tokens=tree.size, depth=tree.max_depth, sources=owners)
+        return tree
+
+    def observe(self, committed: list[int], features: torch.Tensor, next_root: int) -> None:
+        if self._round is not None:
+            self._learn(committed)
+            self._round = None
+        for s in self.sources:
+            s.observe(committed, features, next_root)
+
+    def _learn(self, committed: list[int]) -> None:
+        merged, keep, ran = self._round
+        kept = set(keep)
+        path = [0]
+        for tok in committed[1:]:
+            path.append(merged.child[(path[-1], tok)])
+        on_path = set(path)
+        updates: dict[int, tuple[list[int], list[bool]]] = {}
+        for node in keep[1:]:
+            if merged.parents[node] in on_path:  # this node was put to the test
+                hit = node in on_path
+                for src, c in merged.owners[node]:
+                    cells, outs = updates.setdefault(src, ([], []))
+                    cells.append(c)
+                    outs.append(hit)
+        for src, (cells, outs) in updates.items():
+            self.sources[src].calibration.update(cells, outs)
+        owners_on_path = [{s for s, _ in merged.owners[n]} for n in path[1:] if n in kept]
+        for owners in owners_on_path:
+            for s in owners:
+                self.source_accepts[s] += 1
+        accepted = len(path)
+        for i, sit, cost in ran:
+            alone = sum(1 for owners in owners_on_path if owners == {i})
+            self.gates[i].record(sit, float(alone), cost, float(accepted - alone))
+
+
+class SwitchDrafter(Drafter):
+    """The published hybrids' rule, kept as a baseline: the first drafter's tree when it proposes anything,
+    else the second's (e.g. prompt lookup when the context matches, EAGLE-2 otherwise)."""
+
+    def __init__(self, first: Drafter, second: Drafter, name: str = "switch"):
+        self.first, self.second, self.name = first, second, name
+
+    def begin(self, prompt: torch.Tensor, prefill_features: torch.Tensor, root: int) -> None:
+        self.first.begin(prompt, prefill_features, root)
+        self.second.begin(prompt, prefill_features, root)
+
+    def propose(self, req: DraftRequest) -> DraftTree:
+        tree = self.first.propose(req)
+        return tree if tree.size > 1 else self.second.propose(req)
+
+    def observe(self, committed: list[int], features: torch.Tensor, next_root: int) -> None:
+        self.first.observe(committed, features, next_root)
+        self.second.observe(committed, features, next_root)

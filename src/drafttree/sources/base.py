@@ -1,0 +1,96 @@
+"""The candidate-source protocol and the online calibration every source's scores go through.
+
+A source proposes :class:`~drafttree.tree.Candidates` (tokens, parents, per-node log-probability of being
+accepted given the parent was) plus, per node, the calibration *cell* its estimate came from. After the
+target verifies the merged tree, every verified node whose parent was accepted is an observation of its
+cell (accepted or not), so the estimates follow what this target actually accepts, per source and depth.
+Everything here counts; nothing reads a clock, so a seeded run reproduces whatever the machine's load.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+import torch
+
+from drafttree.accept import Sampling
+from drafttree.tree import Candidates
+
+
+class Calibration:
+    """Acceptance rate per cell: observed hits / trials, shrunk towards a prior with ``strength`` pseudo-trials."""
+
+    def __init__(self, prior: torch.Tensor, strength: float = 4.0, floor: float = 1e-3):
+        self.prior = prior.double().clamp(floor, 1 - floor)
+        self.strength, self.floor = float(strength), float(floor)
+        self.hits = torch.zeros_like(self.prior)
+        self.trials = torch.zeros_like(self.prior)
+
+    def rate(self, cells: torch.Tensor) -> torch.Tensor:
+        c = cells.cpu()
+        r = (self.hits[c] + self.strength * self.prior[c]) / (self.trials[c] + self.strength)
+        return r.clamp(self.floor, 1.0).float().to(cells.device)
+
+    def logp(self, cells: torch.Tensor) -> torch.Tensor:
+        return self.rate(cells).log()
+
+    def update(self, cells: list[int], outcomes: list[bool]) -> None:
+        if not cells:
+            return
+        c = torch.tensor(cells, dtype=torch.long)
+        self.trials.index_add_(0, c, torch.ones(len(cells), dtype=torch.float64))
+        self.hits.index_add_(0, c, torch.tensor(outcomes, dtype=torch.float64))
+
+    def reset(self) -> None:
+        self.hits.zero_()
+        self.trials.zero_()
+
+
+@dataclass
+class Proposal:
+    """One source's candidates for this round, with the calibration cell of every node."""
+
+    source: int  # index of the source in the drafter
+    cands: Candidates
+    cells: torch.Tensor  # [m] long
+
+    @property
+    def expected(self) -> float:
+        """Expected accepted drafts if every candidate were verified (an upper bound per source)."""
+        return float(self.cands.score.exp().sum()) if self.cands.tokens.numel() else 0.0
+
+
+@dataclass
+class RoundContext:
+    """What a source sees each round besides the request: what earlier (cheaper) sources proposed."""
+
+    context: list[int]
+    root: int
+    max_depth: int
+    sampling: Sampling
+    earlier: list[Proposal]
+
+
+class CandidateSource(Protocol):
+    """Proposes scored branches from the root; learns from the committed tokens.
+
+    ``cost`` is the drafting cost of one expansion level in target forwards (0 for free sources such as
+    n-grams); ``calibration`` maps the source's cells to acceptance rates and is updated by the drafter.
+    """
+
+    name: str
+    cost: float
+    calibration: Calibration
+
+    def begin(self, prompt: torch.Tensor, prefill_features: torch.Tensor, root: int) -> None: ...
+
+    def propose(self, rc: RoundContext, index: int) -> Proposal | None: ...
+
+    def observe(self, committed: list[int], features: torch.Tensor, next_root: int) -> None: ...
+
+
+def empty_candidates(device: torch.device | str = "cpu") -> Candidates:
+    z = torch.zeros(0, dtype=torch.long, device=device)
+    f = torch.zeros(0, dtype=torch.float32, device=device)
+    return Candidates(z, z.clone(), f, f.clone(), f.clone())

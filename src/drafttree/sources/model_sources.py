@@ -1,0 +1,153 @@
+"""Candidate sources backed by a model: an EAGLE head and a small draft LM.
+
+Both expand EAGLE-2 style (:func:`~drafttree.tree.expand_candidates`): the ``top_k`` best frontier nodes per
+depth, their ``top_k`` children each. The drafter's probability of a token goes through a calibration
+table (probability bin x depth) learned online, so a weak head's 0.9 is read as what it is worth for this
+target. A level is drafted only while the frontier's expected accepted tokens pay for one more drafter
+call at the current rate (costs in units of one target forward, from parameter counts: no clock).
+The head's cache is synced lazily: rounds in which it does not draft only queue the target's features.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from drafttree.sources.base import Calibration, Proposal, RoundContext
+
+PROB_EDGES = torch.tensor([0.02, 0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.97])
+DEPTHS = 4  # depth buckets 1, 2, 3, 4+
+
+
+def prob_prior() -> torch.Tensor:
+    """Prior: the drafter's probability is right, shrunk a little (bin centres x 0.8), at every depth."""
+    edges = [0.0] + PROB_EDGES.tolist() + [1.0]
+    centres = torch.tensor([(a + b) / 2 for a, b in zip(edges, edges[1:])]) * 0.8
+    return centres.repeat(DEPTHS)
+
+
+def prob_cells(raw_logp: torch.Tensor, depth: int) -> torch.Tensor:
+    bins = torch.bucketize(raw_logp.float().exp().cpu(), PROB_EDGES)
+    return (min(depth, DEPTHS) - 1) * (PROB_EDGES.numel() + 1) + bins
+
+
+def param_count(module: torch.nn.Module) -> int:
+    return sum(p.numel() for p in module.parameters())
+
+
+class ExpandingSource:
+    """Shared expansion logic; subclasses provide the stepper (``_stepper``) and the cost per level."""
+
+    name = "model"
+    cost = 0.25
+
+    def __init__(self, top_k: int = 8, depth: int = 8, max_total: int = 64, cost_curve=None):
+        self.top_k, self.depth, self.max_total = int(top_k), int(depth), int(max_total)
+        self.calibration = Calibration(prob_prior())
+        self.cost_curve = cost_curve  # relative verify cost by tree size (target forwards), or None
+
+    def _verify_cost(self, n: int) -> float:
+        return 1.0 if self.cost_curve is None else self.cost_curve(n)
+
+    def _stepper(self, rc: RoundContext):
+        raise NotImplementedError
+
+    def propose(self, rc: RoundContext, index: int) -> Proposal | None:
+        depth = min(self.depth, rc.max_depth)
+        if depth <= 0:
+            return None
+        stepper = self._stepper(rc)
+        cells: list[torch.Tensor] = []
+
+        def calibrate(raw: torch.Tensor, d: int) -> torch.Tensor:
+            c = prob_cells(raw, d)
+            cells.append(c)
+            return self.calibration.logp(c).to(raw.device)
+
+        others = torch.cat([p.cands.score for p in rc.earlier]) if rc.earlier else torch.zeros(0)
+        spent = [self.cost]  # the root distribution costs about one level
+
+        def deeper(scores: torch.Tensor, frontier: torch.Tensor) -> bool:
+            """One more level adds at most frontier mass x the next depth's acceptance rate, for ``cost``."""
+            allsc = torch.cat([scores.cpu(), others.cpu()])
+            n = min(int(allsc.numel()), self.max_total - 1)
+            best = torch.sort(allsc, descending=True).values[:n]
+            e_now = 1.0 + float(best.exp().sum())
+            t_now = spent[0] + self._verify_cost(n + 1)
+            d = int(len(cells)) + 1
+            rate_next = self.level_rate(d)
+            gain = float(scores[frontier].exp().sum()) * rate_next
+            if (e_now + gain) / (t_now + self.cost) <= e_now / t_now:
+                return False
+            spent[0] += self.cost
+            return True
+
+        from drafttree.tree import expand_candidates
+
+        prune = self.cost_curve is not None  # a fixed tree size (no cost curve) drafts every level
+        cands = expand_candidates(stepper, depth, self.top_k, calibrate=calibrate, deeper=deeper if prune else None)
+        return Proposal(index, cands, torch.cat(cells).to(torch.long))
+
+    def level_rate(self, depth: int) -> float:
+        """Observed acceptance of this source's nodes at ``depth`` (all bins), prior-smoothed."""
+        nb = PROB_EDGES.numel() + 1
+        d = min(depth, DEPTHS) - 1
+        cal = self.calibration
+        sl = slice(d * nb, (d + 1) * nb)
+        return float((cal.hits[sl].sum() + 1.0) / (cal.trials[sl].sum() + 2.0))
+
+
+class HeadSource(ExpandingSource):
+    """An EAGLE head drafting from the target's features."""
+
+    name = "head"
+
+    def __init__(self, head, **kw):
+        super().__init__(**kw)
+        from drafttree.drafters.eagle import EagleState
+
+        self.head = head
+        self._state_cls = EagleState
+        self.state = EagleState(head)
+        self.cost = head.level_cost()  # one level reads the head's layers and its LM-head rows
+        self.backlog: list[tuple[torch.Tensor, list[int]]] = []
+
+    def begin(self, prompt: torch.Tensor, prefill_features: torch.Tensor, root: int) -> None:
+        self.state = self._state_cls(self.head)
+        ids = prompt.reshape(-1).tolist()
+        self.backlog = [(prefill_features, ids[1:] + [root])]
+
+    def observe(self, committed: list[int], features: torch.Tensor, next_root: int) -> None:
+        self.backlog.append((features, committed[1:] + [next_root]))
+
+    def _sync(self) -> None:
+        if self.backlog:
+            feats = torch.cat([f for f, _ in self.backlog])
+            ids = [t for _, ts in self.backlog for t in ts]
+            self.state.encode(feats, ids, self.state.root_pos)
+            self.backlog = []
+
+    def _stepper(self, rc: RoundContext):
+        self._sync()
+        return self.state
+
+
+class DraftLMSource(ExpandingSource):
+    """A small LM sharing the target's tokenizer, drafting a top-k tree with tree attention."""
+
+    name = "draft"
+
+    def __init__(self, draft_model: torch.nn.Module, vocab_size: int, target_params: int, **kw):
+        super().__init__(**kw)
+        from drafttree.drafters.draft_model import DraftLMState
+
+        self.lm = DraftLMState(draft_model, vocab_size)
+        self.cost = param_count(draft_model) / max(1, target_params)
+
+    def begin(self, prompt: torch.Tensor, prefill_features: torch.Tensor, root: int) -> None:
+        self.lm.reset()
+
+    def observe(self, committed: list[int], features: torch.Tensor, next_root: int) -> None:
+        pass
+
+    def _stepper(self, rc: RoundContext):
+        return self.lm.stepper(rc.context)

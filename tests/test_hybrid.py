@@ -1,0 +1,300 @@
+"""The hybrid drafter: suffix index, trie merge, calibration, gates, and losslessness of mixed-source trees.
+
+The distribution tests decode 5 tokens through trees of depth >= 3 whose siblings come from different
+sources (context n-grams, a random EAGLE head, a draft LM), and compare with the target's exact
+distribution computed here by enumerating every prefix, with a sampling warp written independently of
+``drafttree.accept``. A deliberately broken acceptance rule must fail the same check.
+"""
+
+from __future__ import annotations
+
+import random
+
+import numpy as np
+import pytest
+import torch
+
+from drafttree.accept import Sampling
+from drafttree.drafters.hybrid import Gate, HybridDrafter, MergedTree
+from drafttree.sources.base import Calibration, Proposal
+from drafttree.sources.ngram import SuffixIndex
+from drafttree.tree import Candidates
+from tests.conftest import chi2_pvalue, tiny_causal_lm
+
+# ------------------------------------------------------------------------------------------ building blocks
+
+
+def brute_matches(tokens: list[int], max_ngram: int) -> dict[int, int]:
+    """Every earlier position following an occurrence of the suffix, with its backward match length."""
+    end = len(tokens)
+    out = {}
+    for p in range(1, end):
+        m = 0
+        while m < min(32, p) and tokens[p - m - 1] == tokens[end - m - 1]:
+            m += 1
+        if m >= 1:
+            out[p] = m
+    return out
+
+
+def test_suffix_index_is_incremental_and_exact():
+    rng = random.Random(0)
+    idx = SuffixIndex(max_ngram=4)
+    tokens: list[int] = []
+    for _ in range(60):
+        tokens += [rng.randrange(5) for _ in range(rng.randrange(1, 4))]
+        idx.sync(tokens)
+        got = dict(idx.matches(max_candidates=10_000))
+        want = brute_matches(tokens, 4)
+        assert got == want
+    # the longest n-gram's occurrences come first, most recent first among equals
+    order = idx.matches(max_candidates=10_000)
+    lens = [min(m, 4) for _, m in order]
+    assert lens == sorted(lens, reverse=True)
+
+
+def test_suffix_index_resets_on_a_new_context():
+    idx = SuffixIndex(3)
+    idx.sync([1, 2, 3, 1, 2])
+    assert idx.matches(5) == [(2, 2)]
+    idx.sync([7, 8, 7])
+    assert idx.tokens == [7, 8, 7] and idx.matches(5) == [(1, 1)]
+
+
+def _cands(tokens, parents, logps):
+    cond = torch.tensor(logps, dtype=torch.float32)
+    score = cond.clone()
+    for i, q in enumerate(parents):
+        if q >= 0:
+            score[i] += score[q]
+    return Candidates(torch.tensor(tokens), torch.tensor(parents), cond, score, cond.clone())
+
+
+def test_merge_shares_prefixes_keeps_best_score_and_stays_connected():
+    a = Proposal(0, _cands([5, 6, 7], [-1, 0, 1], [-0.1, -0.1, -0.1]), torch.tensor([0, 1, 2]))
+    b = Proposal(1, _cands([5, 9, 4], [-1, 0, -1], [-0.5, -0.01, -0.2]), torch.tensor([3, 4, 5]))
+    m = MergedTree(root=1)
+    m.add(a, limit=10)
+    m.add(b, limit=10)
+    assert m.tokens == [1, 5, 6, 7, 9, 4]
+    assert m.parents == [-1, 0, 1, 2, 1, 0]
+    assert m.scores[1] == pytest.approx(-0.1)  # max of both sources' estimates
+    assert m.owners[1] == [(0, 0), (1, 3)]
+    for n in range(1, 7):
+        keep = m.best(n)
+        assert len(keep) == n and keep == sorted(keep)
+        assert all(m.parents[i] in keep for i in keep[1:]), "the kept nodes must form a tree"
+
+
+def test_calibration_learns_and_gate_closes_for_a_useless_source():
+    cal = Calibration(torch.full((3,), 0.5))
+    cal.update([0] * 40, [True] * 40)
+    cal.update([1] * 40, [False] * 40)
+    r = cal.rate(torch.tensor([0, 1, 2]))
+    assert r[0] > 0.9 and r[1] < 0.1 and r[2] == pytest.approx(0.5)
+
+    gate = Gate(probe=4, max_probe=16)
+    runs = 0
+    for _ in range(200):
+        if gate.allow(0):
+            runs += 1
+            gate.record(0, gain=0.0, cost=0.3, base_tokens=2.0)
+    assert runs < 30, "a source that never adds accepted tokens must be probed rarely"
+    gate.record(0, gain=3.0, cost=0.3, base_tokens=2.0)
+    assert gate.allow(0)
+
+
+class ConstantSource:
+    """A test source: always proposes the same chain, costs ``cost`` forwards a level."""
+
+    name = "const"
+
+    def __init__(self, chain, cost=0.0, prior=0.9):
+        self.chain, self.cost = chain, cost
+        self.calibration = Calibration(torch.full((1,), prior))
+
+    def begin(self, *a):
+        pass
+
+    def observe(self, *a):
+        pass
+
+    def propose(self, rc, index):
+        cells = torch.zeros(len(self.chain), dtype=torch.long)
+        cond = self.calibration.logp(cells)
+        score = torch.cumsum(cond, 0)
+        par = torch.arange(len(self.chain)) - 1
+        return Proposal(index, Candidates(torch.tensor(self.chain), par, cond, score, cond.clone(), 0), cells)
+
+
+def test_a_wrong_source_shrinks_the_tree_to_the_root():
+    """Calibration learns that a confident source is always wrong; the budget then verifies the root alone."""
+    from drafttree.budget import CostModel, TreeBudget
+    from drafttree.drafters.base import DraftRequest
+
+    budget = TreeBudget(CostModel([1, 2, 4, 8], [1.0, 1.2, 1.5, 2.0]), max_total=8, min_total=1)
+    hd = HybridDrafter([ConstantSource([3, 4, 5])], budget=budget)
+    hd.begin(torch.tensor([1, 2]), torch.zeros(2, 4), 2)
+    sizes = []
+    for _ in range(30):
+        req = DraftRequest([1, 2, 2], 2, 8, Sampling(), None)
+        tree = hd.propose(req)
+        sizes.append(tree.size)
+        hd.observe([2], torch.zeros(1, 4), 7)  # the target never accepts the source's token
+    assert sizes[0] > 1 and sizes[-1] == 1
+
+
+# --------------------------------------------------------------- T > 0: deep mixed-source trees are lossless
+
+
+def reference_warp(logits: np.ndarray, s: Sampling) -> np.ndarray:
+    """Temperature, top-k, top-p: written here without drafttree's code (rows of a 2-D array)."""
+    z = logits.astype(np.float64) / s.temperature
+    if s.top_k:
+        kth = np.sort(z, axis=-1)[:, -s.top_k][:, None]
+        z = np.where(z >= kth, z, -np.inf)
+    p = np.exp(z - z.max(-1, keepdims=True))
+    p /= p.sum(-1, keepdims=True)
+    if s.top_p < 1.0:
+        out = np.zeros_like(p)
+        for r in range(p.shape[0]):
+            order = np.argsort(-p[r], kind="stable")
+            cum, keep = 0.0, []
+            for j in order:
+                keep.append(j)
+                cum += p[r, j]
+                if cum >= s.top_p:
+                    break
+            out[r, keep] = p[r, keep] / p[r, keep].sum()
+        p = out
+    return p
+
+
+def exact_distribution(model, prompt: list[int], s: Sampling, vocab: int, length: int) -> np.ndarray:
+    """P(first ``length`` sampled tokens) for every sequence, by enumerating prefixes: [vocab] * length."""
+    probs = np.ones(1)
+    prefixes = [()]
+    with torch.no_grad():
+        for _ in range(length):
+            seqs = torch.tensor([prompt + list(p) for p in prefixes])
+            nxt = reference_warp(model(seqs).logits[:, -1].double().numpy(), s)  # [len(prefixes), vocab]
+            probs = (probs[:, None] * nxt).reshape(-1)
+            prefixes = [p + (a,) for p in prefixes for a in range(vocab)]
+    return probs.reshape([vocab] * length)
+
+
+VOCAB = 12
+PROMPT = [3, 5, 7, 2, 3, 5, 7, 2, 3, 5]  # repetitive: the n-gram source always has a branch
+
+
+def hybrid_drafter(target, draft_vocab: int | None = None):
+    """n-grams + a random EAGLE head (+ an unrelated draft LM), fixed-size trees, gates off."""
+    from drafttree.drafters.compose import make_hybrid
+    from drafttree.heads.model import EagleHead
+    from drafttree.models import LoadedModel
+
+    torch.manual_seed(5)
+    head = EagleHead(target)
+    with torch.no_grad():
+        for p in head.parameters():
+            p.mul_(3.0)
+    draft = None
+    if draft_vocab is not None:
+        draft = LoadedModel(tiny_causal_lm("llama", vocab=draft_vocab, hidden=32, seed=7), None, "tiny-draft", "")
+    tl = LoadedModel(target, None, "tiny", "")
+    return make_hybrid(tl, draft, head, top_k=3, depth=4, total_tokens=12, gate=False, num_tokens=4)
+
+
+def sample_sequences(target, drafter, s: Sampling, n: int, length: int, seed: int = 123):
+    from drafttree.decode import DecodeStats, decode
+    from drafttree.target import TargetModel
+
+    tm = TargetModel(target)
+    g = torch.Generator().manual_seed(seed)
+    seqs, deep, mixed, multi = [], 0, 0, 0
+    for _ in range(n):
+        out: list[int] = []
+        stats = DecodeStats()
+        for new in decode(tm, drafter, torch.tensor(PROMPT), s, max_new_tokens=length, generator=g, stats=stats,
+                          record_rounds=True):
+            out.extend(new)
+        seqs.append(out[:length])
+        deep += any(r.get("depth", 0) >= 3 for r in stats.rounds)
+        mixed += any(len(set(r.get("sources", []))) >= 2 for r in stats.rounds)
+        multi += any(a >= 3 for a in stats.accept_lengths[1:])  # two drafts and the next token in one forward
+    return np.array(seqs), deep / n, mixed / n, multi / n
+
+
+def pvalues(seqs: np.ndarray, exact: np.ndarray) -> list[float]:
+    v = VOCAB
+    out = []
+    for a, b in [(0, 1), (2, 3), (3, 4)]:
+        joint = exact.sum(axis=tuple(i for i in range(exact.ndim) if i not in (a, b))).reshape(-1)
+        counts = np.bincount(seqs[:, a] * v + seqs[:, b], minlength=v * v)
+        out.append(chi2_pvalue(counts, joint))
+    return out
+
+
+SETTINGS = [Sampling(1.0), Sampling(0.8, top_p=0.9, top_k=6)]
+
+
+@pytest.mark.parametrize("s", SETTINGS, ids=lambda s: f"T{s.temperature}-p{s.top_p}-k{s.top_k}")
+def test_deep_mixed_trees_preserve_the_distribution(s):
+    target = tiny_causal_lm("llama", vocab=VOCAB, hidden=32, seed=0)
+    exact = exact_distribution(target, PROMPT, s, VOCAB, 5)
+    seqs, deep, mixed, multi = sample_sequences(target, hybrid_drafter(target), s, n=800, length=5)
+    assert deep > 0.5 and mixed > 0.5, f"trees must be deep and mixed (deep {deep:.2f}, mixed {mixed:.2f})"
+    assert multi > 0.05, f"some forwards must commit several drafts ({multi:.2f})"
+    ps = pvalues(seqs, exact)
+    assert min(ps) > 1e-3, f"distribution mismatch: p-values {ps}"
+
+
+def test_deep_mixed_trees_broken_rule_is_caught(monkeypatch):
+    import drafttree.accept as A
+    import drafttree.decode as D
+
+    monkeypatch.setattr(D, "accept", lambda tree, logits, s, g: A.accept_sampling(tree, logits, s, g, _broken=True))
+    target = tiny_causal_lm("llama", vocab=VOCAB, hidden=32, seed=0)
+    s = Sampling(1.0)
+    exact = exact_distribution(target, PROMPT, s, VOCAB, 5)
+    seqs, *_ = sample_sequences(target, hybrid_drafter(target), s, n=800, length=5)
+    assert min(pvalues(seqs, exact)) < 1e-4, "the broken rule was not detected on mixed trees"
+
+
+def test_reference_warp_agrees_with_the_library_on_its_own_terms():
+    """Not a proof of either (both could share a misreading of top-p), but a cross-check of two codes."""
+    from drafttree.accept import warp_probs
+
+    g = torch.Generator().manual_seed(0)
+    logits = torch.randn(20, 30, generator=g) * 3
+    for s in SETTINGS + [Sampling(1.3, top_k=5), Sampling(0.5, top_p=0.5)]:
+        ours = reference_warp(logits.numpy(), s)
+        np.testing.assert_allclose(warp_probs(logits, s).numpy(), ours, atol=1e-5)
+
+
+def test_draft_lm_with_a_smaller_vocabulary_samples_correctly(draft_vocab=10):
+    """A draft with fewer output rows than the target (Qwen2.5-0.5B vs 7B): the sampled chain at T > 0 used to
+    crash, and the draft must also read context tokens it has no embedding for."""
+    from drafttree.drafters.draft_model import DraftModelDrafter
+
+    target = tiny_causal_lm("llama", vocab=VOCAB, hidden=32, seed=0)
+    draft = tiny_causal_lm("llama", vocab=draft_vocab, hidden=32, seed=7)
+    s = Sampling(1.0)
+    exact = exact_distribution(target, PROMPT, s, VOCAB, 5)
+    seqs, *_ = sample_sequences(target, DraftModelDrafter(draft, VOCAB, k=3), s, n=700, length=5)
+    assert min(pvalues(seqs, exact)) > 1e-3
+    seqs, _, mixed, _ = sample_sequences(target, hybrid_drafter(target, draft_vocab), s, n=150, length=5)
+    assert seqs.max() < VOCAB and mixed > 0.5
+
+
+def test_exact_distribution_enumerates_every_sequence():
+    target = tiny_causal_lm("llama", vocab=VOCAB, hidden=32, seed=0)
+    d = exact_distribution(target, PROMPT, Sampling(1.0), VOCAB, 3)
+    assert d.shape == (VOCAB,) * 3 and d.sum() == pytest.approx(1.0)
+    with torch.no_grad():  # one cell by hand
+        a, b, c = 4, 9, 1
+        p = 1.0
+        for prefix, tok in [([], a), ([a], b), ([a, b], c)]:
+            logits = target(torch.tensor([PROMPT + prefix])).logits[0, -1].double().numpy()
+            p *= reference_warp(logits[None], Sampling(1.0))[0, tok]
+    assert d[a, b, c] == pytest.approx(p, rel=1e-5)
