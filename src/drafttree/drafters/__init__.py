@@ -69,7 +69,9 @@ def make_drafter(method: str, target, draft=None, head=None, **options) -> Draft
             from drafttree.drafters.eagle import make_budget
 
             options["budget"] = make_budget(target, max_total=int(options.pop("max_total", 32)))
-        return DraftModelDrafter(draft.model, target.vocab_size, **options)
+        params = sum(p.numel() for p in draft.model.parameters())
+        level = params / max(1, sum(p.numel() for p in target.model.parameters()))
+        return DraftModelDrafter(draft.model, target.vocab_size, level_cost=level, **options)
     if method in HEAD_METHODS:
         from drafttree.drafters.eagle import make_eagle_drafter
 

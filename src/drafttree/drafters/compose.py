@@ -50,7 +50,7 @@ def make_hybrid(target, draft=None, head=None, **options) -> HybridDrafter:
         budget = TreeBudget(base.cost, max_total=max_total, min_total=1)
         total = None
     else:
-        total = _int({"t": total}, "t", 0)
+        total = _int({"total_tokens": total}, "total_tokens", 1)
     curve = None if budget is None else (lambda n, c=budget.cost: c.verify(n) / c.verify(1))
     model_kw = dict(top_k=_int(opts, "top_k", 8), depth=_int(opts, "depth", 8), max_total=max_total,
                     cost_curve=curve)

@@ -82,8 +82,10 @@ class DraftModelDrafter(Drafter):
     name = "draft"
 
     def __init__(self, draft_model: torch.nn.Module, vocab_size: int, k: int = 4, tree: bool = False,
-                 top_k: int = 4, total_tokens: int | str = 16, budget=None, depth: int | None = None):
+                 top_k: int = 4, total_tokens: int | str = 16, budget=None, depth: int | None = None,
+                 level_cost: float = 0.3):
         self.state = DraftLMState(draft_model, vocab_size)
+        self.level_cost = level_cost  # one draft forward, in target forwards (seeded runs model time with it)
         self.target_vocab = vocab_size
         k = depth if depth is not None else k
         if int(k) <= 0:
@@ -103,7 +105,10 @@ class DraftModelDrafter(Drafter):
         stepper = self.state.stepper(req.context)
         if self.tree:  # deterministic top-k tree: point-mass candidates at any temperature
             total = self.budget.max_total if self.budget is not None else self.total_tokens
-            tree = grow_dynamic_tree(stepper, req.root, k, self.top_k, total, budget=self.budget)
+            level = None
+            if self.budget is not None and req.reproducible:  # never read a clock in a seeded run
+                level = self.level_cost * self.budget.cost.verify(1)
+            tree = grow_dynamic_tree(stepper, req.root, k, self.top_k, total, budget=self.budget, level_seconds=level)
             if self.budget is not None:
                 req.info.update(tree_tokens=tree.size, depth=tree.max_depth)
             return tree

@@ -157,7 +157,7 @@ class HybridDrafter(Drafter):
         if req.max_depth <= 0:
             return DraftTree.root_only(req.root)
         rc = RoundContext(req.context, req.root, req.max_depth, req.sampling, [])
-        limit = self.total_tokens or self.budget.max_total
+        limit = self.total_tokens if self.total_tokens is not None else self.budget.max_total
         merged = MergedTree(req.root)
         ran: list[tuple[int, int, float]] = []  # (source, situation, cost) of the costly sources that drafted
         spent = 0.0

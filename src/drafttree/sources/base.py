@@ -24,6 +24,7 @@ class Calibration:
     def __init__(self, prior: torch.Tensor, strength: float = 4.0, floor: float = 1e-3):
         self.prior = prior.double().clamp(floor, 1 - floor)
         self.strength, self.floor = float(strength), float(floor)
+        self.default = (self.prior.clone(), self.strength)  # before any fitted prior was applied
         self.hits = torch.zeros_like(self.prior)
         self.trials = torch.zeros_like(self.prior)
 

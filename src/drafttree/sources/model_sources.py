@@ -63,7 +63,7 @@ class ExpandingSource:
             cells.append(c)
             return self.calibration.logp(c).to(raw.device)
 
-        others = torch.cat([p.cands.score for p in rc.earlier]) if rc.earlier else torch.zeros(0)
+        others = torch.cat([p.cands.score.float().cpu() for p in rc.earlier]) if rc.earlier else torch.zeros(0)
         spent = [self.cost]  # the root distribution costs about one level
 
         def deeper(scores: torch.Tensor, frontier: torch.Tensor) -> bool:

@@ -43,8 +43,12 @@ def apply_priors(sources, priors: dict, strength: float = 8.0) -> None:
 def fit_priors(model, prompts: list, max_new_tokens: int = 128, progress=None) -> dict:
     """Decode ``prompts`` with the hybrid (big trees, gates open) and sum every source's observations."""
     drafter = model.drafter("hybrid", dict(FIT_OPTIONS))
+    for s in drafter.sources:  # fit from the built-in defaults, not from priors fitted earlier
+        s.calibration.prior, s.calibration.strength = s.calibration.default[0].clone(), s.calibration.default[1]
     totals: dict[str, list[torch.Tensor]] = {}
     for p in prompts:
+        for s in drafter.sources:  # a generation that never drafts must not count the previous one again
+            s.calibration.reset()
         # seeded: each generation starts from the defaults, so its counts are its own
         model.generate(p, max_new_tokens=max_new_tokens, method="hybrid", method_options=dict(FIT_OPTIONS), seed=0)
         for s in drafter.sources:
