@@ -5,7 +5,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-runs}
 runs=()
-for d in full-S-t0 full-S-t1 full-L bench-S-t0-eagle2 bench-S-t0 bench-S-t1 bench-L; do
+for d in hybrid-S-t0 hybrid-S-t1 full-S-t0 full-S-t1 full-L bench-S-t0-eagle2 bench-S-t0 bench-S-t1 bench-L; do
   if [ -f "$OUT/$d/run.json" ]; then runs+=("$OUT/$d"); fi
 done
 if [ ${#runs[@]} -eq 0 ]; then echo "no benchmark runs under $OUT/" >&2; exit 1; fi
