@@ -21,7 +21,7 @@ def _int(options: dict, key: str, default: int, low: int = 1) -> int:
     return v
 
 
-def _bool(v) -> bool:
+def _bool(v, key: str = "gate") -> bool:
     if isinstance(v, bool):
         return v
     s = str(v).lower()
@@ -29,7 +29,7 @@ def _bool(v) -> bool:
         return True
     if s in ("0", "false", "no", "off"):
         return False
-    raise DraftTreeError(f"expected a boolean, got {v!r}")
+    raise DraftTreeError(f"{key} must be true or false, got {v!r}")
 
 
 def make_hybrid(target, draft=None, head=None, **options) -> HybridDrafter:
