@@ -69,8 +69,9 @@ def make_drafter(method: str, target, draft=None, head=None, **options) -> Draft
             from drafttree.drafters.eagle import make_budget
 
             options["budget"] = make_budget(target, max_total=int(options.pop("max_total", 32)))
-        params = sum(p.numel() for p in draft.model.parameters())
-        level = params / max(1, sum(p.numel() for p in target.model.parameters()))
+        from drafttree.sources.model_sources import param_count
+
+        level = param_count(draft.model) / max(1, param_count(target.model))
         return DraftModelDrafter(draft.model, target.vocab_size, level_cost=level, **options)
     if method in HEAD_METHODS:
         from drafttree.drafters.eagle import make_eagle_drafter

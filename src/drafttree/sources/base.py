@@ -89,9 +89,3 @@ class CandidateSource(Protocol):
     def propose(self, rc: RoundContext, index: int) -> Proposal | None: ...
 
     def observe(self, committed: list[int], features: torch.Tensor, next_root: int) -> None: ...
-
-
-def empty_candidates(device: torch.device | str = "cpu") -> Candidates:
-    z = torch.zeros(0, dtype=torch.long, device=device)
-    f = torch.zeros(0, dtype=torch.float32, device=device)
-    return Candidates(z, z.clone(), f, f.clone(), f.clone())
