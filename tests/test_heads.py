@@ -12,7 +12,7 @@ from safetensors.torch import load_file
 from drafttree.accept import Sampling
 from drafttree.decode import DecodeStats, decode
 from drafttree.drafters.base import Drafter
-from drafttree.drafters.eagle import EagleDrafter, make_eagle_drafter
+from drafttree.drafters.eagle import make_eagle_drafter
 from drafttree.errors import DraftTreeError
 from drafttree.heads.model import EagleHead, load_head
 from drafttree.models import LoadedModel
@@ -43,6 +43,17 @@ def test_head_uses_target_layer_class_and_eagle1_keys(arch, tmp_path):
     assert torch.equal(loaded.draft_vocab, torch.arange(5, 40))
     for k, v in head.state_dict().items():
         torch.testing.assert_close(loaded.state_dict()[k].float(), v.to(torch.bfloat16).float())
+
+
+def test_head_with_its_own_mlp_width_loads(tmp_path):
+    """The head's intermediate size comes from its config.json, not the target's, before its layers are built."""
+    lm = _lm("llama")
+    head = EagleHead(lm.model, intermediate_size=24)
+    assert head.layers[0].mlp.up_proj.weight.shape[0] == 24 != lm.model.config.intermediate_size
+    head.save(tmp_path / "h", dtype=None)
+    loaded = load_head(tmp_path / "h", lm)
+    assert loaded.layers[0].mlp.up_proj.weight.shape[0] == 24
+    torch.testing.assert_close(loaded.fc.weight, head.fc.weight)
 
 
 def test_head_mismatch_is_a_clear_error(tmp_path):
@@ -86,13 +97,13 @@ def test_head_cache_is_not_polluted_by_branches():
     head = EagleHead(lm.model)
     tm = TargetModel(lm.model)
     prompt = torch.tensor([3, 4, 5, 6, 7])
-    d = EagleDrafter(head, "dynamic", depth=3, top_k=3, total_tokens=8)
+    d = make_eagle_drafter("eagle2", lm, head, depth=3, top_k=3, total_tokens=8)
     out = [t for s in decode(tm, d, prompt, Sampling(), 12) for t in s]
     # rebuild from scratch: target features of the whole text, head encoding of every pair
     ids = prompt.tolist() + out
     with torch.no_grad():
         feats = lm.model.base_model(torch.tensor([ids[:-1]])).last_hidden_state[0]
-    fresh = EagleDrafter(head, "dynamic", depth=3, top_k=3, total_tokens=8)
+    fresh = make_eagle_drafter("eagle2", lm, head, depth=3, top_k=3, total_tokens=8)
     fresh.state.encode(feats, ids[1:], 0)
     a, b = d.state, fresh.state
     assert a.committed == b.committed == len(ids) - 1

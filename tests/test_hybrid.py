@@ -189,7 +189,7 @@ PROMPT = [3, 5, 7, 2, 3, 5, 7, 2, 3, 5]  # repetitive: the n-gram source always 
 
 def hybrid_drafter(target, draft_vocab: int | None = None):
     """n-grams + a random EAGLE head (+ an unrelated draft LM), fixed-size trees, gates off."""
-    from drafttree.drafters.compose import make_hybrid
+    from drafttree.drafters import make_drafter
     from drafttree.heads.model import EagleHead
     from drafttree.models import LoadedModel
 
@@ -202,7 +202,7 @@ def hybrid_drafter(target, draft_vocab: int | None = None):
     if draft_vocab is not None:
         draft = LoadedModel(tiny_causal_lm("llama", vocab=draft_vocab, hidden=32, seed=7), None, "tiny-draft", "")
     tl = LoadedModel(target, None, "tiny", "")
-    return make_hybrid(tl, draft, head, top_k=3, depth=4, total_tokens=12, gate=False, num_tokens=4)
+    return make_drafter("hybrid", tl, draft, head, top_k=3, depth=4, total_tokens=12, gate=False, num_tokens=4)
 
 
 def sample_sequences(target, drafter, s: Sampling, n: int, length: int, seed: int = 123):

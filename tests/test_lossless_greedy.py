@@ -161,22 +161,29 @@ def test_seeded_sampling_does_not_depend_on_the_clock(shipped, monkeypatch):
     assert shipped.generate(prompt, max_new_tokens=48, temperature=1.0, seed=7).tokens == first.tokens
 
 
-def test_oracle_chain_is_the_full_chain_cut_where_the_target_rejects(shipped, monkeypatch):
-    """The oracle drafts exactly what an 8-token chain gets accepted, and re-derives its reference when the
-    output leaves it (as a bf16 near-tie can make it), instead of drafting nothing from then on."""
+def test_oracle_chain_is_the_full_chain_cut_where_the_target_rejects(shipped):
+    """The benchmark's oracle drafts exactly what an 8-token chain gets accepted, and re-derives its reference
+    when the output leaves it (as a bf16 near-tie can make it), instead of drafting nothing from then on."""
+    from drafttree.bench.oracle import oracle_drafter
+
     prompt = PROMPTS[1]
-    full = shipped.generate(prompt, max_new_tokens=MAX_NEW, method="eagle-chain", method_options={"depth": 8})
-    oracle = shipped.generate(prompt, max_new_tokens=MAX_NEW, method="eagle-chain-oracle")
-    assert oracle.tokens == full.tokens and oracle.stats.accept_lengths == full.stats.accept_lengths
+    ids = shipped.encode_prompt(prompt)
+    full = shipped.generate(ids, max_new_tokens=MAX_NEW, method="eagle-chain", method_options={"depth": 8})
+    oracle = oracle_drafter(shipped, ids, MAX_NEW)
+    res = shipped.generate(ids, max_new_tokens=MAX_NEW, drafter=oracle)
+    assert res.tokens == full.tokens and res.stats.accept_lengths == full.stats.accept_lengths
+    assert res.method == "eagle-chain-oracle" and oracle.untimed > 0
 
-    original = SpeculativeModel._set_oracle_reference
+    wrong = oracle_drafter(shipped, ids, MAX_NEW)
+    real = wrong.continuation
+    calls = []
 
-    def wrong_after_ten(self, drafter, ids, sampling, max_new_tokens):
-        original(self, drafter, ids, sampling, max_new_tokens)
-        k = ids.numel() + 10
-        drafter.reference[k:] = [0] * (len(drafter.reference) - k)
+    def wrong_after_ten(context):  # the first reference goes wrong after 10 tokens; later ones are right
+        out = real(context)
+        calls.append(len(context))
+        return out[:10] + [0] * (len(out) - 10) if len(calls) == 1 else out
 
-    monkeypatch.setattr(SpeculativeModel, "_set_oracle_reference", wrong_after_ten)
-    again = shipped.generate(prompt, max_new_tokens=MAX_NEW, method="eagle-chain-oracle")
-    assert again.tokens == full.tokens
+    wrong.continuation = wrong_after_ten
+    again = shipped.generate(ids, max_new_tokens=MAX_NEW, drafter=wrong)
+    assert again.tokens == full.tokens and len(calls) == 2
     assert again.target_forwards <= full.target_forwards + 1, "one round cut short, then the reference is back"

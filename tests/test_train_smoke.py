@@ -113,7 +113,10 @@ def test_train_resume_and_decode(pipeline, default_fp32):
     ldlp = load_length_predictor(out / "head", default_fp32.config.hidden_size)
     head = load_head(out / "head", default_fp32)
     sm2 = SpeculativeModel(default_fp32, method="eagle-chain-ldlp", head=head)
-    for method in ("eagle-chain-ldlp", "eagle-chain-ldlp-threshold", "eagle2-ldlp", "eagle-chain-threshold",
-                   "eagle-chain-oracle"):
+    for method in ("eagle-chain-ldlp", "eagle-chain-ldlp-threshold", "eagle2-ldlp", "eagle-chain-threshold"):
         assert sm2.generate(prompt, max_new_tokens=24, method=method).tokens == ref.tokens, method
+    from drafttree.bench.oracle import oracle_drafter
+
+    ids = sm2.encode_prompt(prompt)
+    assert sm2.generate(ids, max_new_tokens=24, drafter=oracle_drafter(sm2, ids, 24)).tokens == ref.tokens
     assert ldlp.k_max == 3

@@ -135,3 +135,19 @@ def test_static_tree_shape_eagle1():
     root_top = st.table[st.root].topk(4).indices.tolist()
     kids = tree.children()[0]
     assert [int(tree.tokens[c]) for c in kids] == root_top
+
+
+def test_options_are_validated_once_with_clear_errors():
+    from drafttree.drafters.options import EagleOptions, HybridOptions, LookupOptions, parse_options
+    from drafttree.errors import DraftTreeError
+
+    assert parse_options(LookupOptions, "lookup", {"k": "5"}).num_tokens == 5  # alias and string
+    o = parse_options(EagleOptions, "eagle2", {"top_k_draft": 4, "total_tokens": "auto", "depth": 3.0})
+    assert (o.top_k, o.total_tokens, o.depth) == (4, "auto", 3)
+    assert parse_options(HybridOptions, "hybrid", {"gate": "off"}).gate is False
+    for raw, msg in [({"depth": 2}, "does not apply to method 'lookup'"), ({"k": 2, "num_tokens": 3}, "twice"),
+                     ({"max_ngram": 0}, ">= 1"), ({"num_tokens": 2.5}, "integer")]:
+        with pytest.raises(DraftTreeError, match=msg):
+            parse_options(LookupOptions, "lookup", raw)
+    with pytest.raises(DraftTreeError, match="list of paths"):
+        parse_options(EagleOptions, "eagle1", {"tree": True})

@@ -10,7 +10,8 @@ import torch
 
 from drafttree.accept import Sampling
 from drafttree.decode import DecodeStats, decode
-from drafttree.drafters import COMPOSED_METHODS, METHODS, Drafter, make_drafter, needs_head
+from drafttree.drafters import Drafter, check_method, make_drafter
+from drafttree.drafters.options import parse_options
 from drafttree.errors import DraftTreeError
 from drafttree.models import DEFAULT_MODEL, LoadedModel, check_same_vocabulary, load_model
 from drafttree.target import TargetModel
@@ -114,31 +115,33 @@ class SpeculativeModel:
         ``hybrid`` (context n-grams + the head and/or draft LM in one ranked tree) when a head or a draft model
         is loaded, else prompt lookup.
         """
-        if method != "auto" and method not in METHODS:
-            raise DraftTreeError(f"unknown method {method!r}; choose one of {', '.join(METHODS)}")
-        if method == "draft" and not draft_model:
-            raise DraftTreeError("method 'draft' needs a draft model (draft_model=... / --draft-model)")
+        needs = "model"
+        if method != "auto":  # fail before loading anything
+            spec = check_method(method)
+            needs = spec.needs
+            parse_options(spec.schema, method, method_options)
+        if needs == "draft" and not draft_model:
+            raise DraftTreeError(f"method {method!r} needs a draft model (draft_model=... / --draft-model)")
         target = load_model(model, dtype=dtype, device=device, show_progress=show_progress)
         draft = None
         if draft_model:
             draft = load_model(draft_model, dtype=target.dtype, device=target.device, show_progress=show_progress)
         eagle_head = None
-        if head and (method in ("auto", *COMPOSED_METHODS) or needs_head(method)):
+        if head and needs in ("head", "model"):
             from drafttree.heads import load_head_for
 
-            eagle_head = load_head_for(target, None if head == "auto" else head, required=needs_head(method))
+            eagle_head = load_head_for(target, None if head == "auto" else head, required=needs == "head")
         return cls(target, method=method, draft=draft, head=eagle_head, **method_options)
 
     def _resolve_method(self, method: str) -> str:
         if method == "auto":  # every loaded source in one ranked tree; prompt lookup when nothing is loaded
             return "hybrid" if self.head is not None or self.draft is not None else "lookup"
-        if method not in METHODS:
-            raise DraftTreeError(f"unknown method {method!r}; choose one of {', '.join(METHODS)}")
-        if method == "draft" and self.draft is None:
-            raise DraftTreeError("method 'draft' needs a draft model (draft_model=... / --draft-model)")
-        if needs_head(method) and self.head is None:
+        needs = check_method(method).needs
+        if needs == "draft" and self.draft is None:
+            raise DraftTreeError(f"method {method!r} needs a draft model (draft_model=... / --draft-model)")
+        if needs == "head" and self.head is None:
             raise DraftTreeError(f"method {method!r} needs an EAGLE head for {self.target.name!r}")
-        if method in COMPOSED_METHODS and self.head is None and self.draft is None:
+        if needs == "model" and self.head is None and self.draft is None:
             raise DraftTreeError(f"method {method!r} needs an EAGLE head or a draft model (draft_model=...)")
         return method
 
@@ -177,8 +180,11 @@ class SpeculativeModel:
     def stream(self, prompt: str | list[dict] | torch.Tensor, max_new_tokens: int = 256, temperature: float = 0.0,
                top_p: float = 1.0, top_k: int = 0, stop: list[str] | str | None = None, seed: int | None = None,
                chat: bool = True, method: str | None = None, record_rounds: bool = False,
-               method_options: dict | None = None) -> GenerationStream:
-        """Generate lazily: one :class:`StreamChunk` per target forward, as soon as its tokens are accepted."""
+               method_options: dict | None = None, drafter: Drafter | None = None) -> GenerationStream:
+        """Generate lazily: one :class:`StreamChunk` per target forward, as soon as its tokens are accepted.
+
+        ``drafter``: a :class:`~drafttree.drafters.base.Drafter` object of your own instead of a method name
+        (a new drafting idea is one small class; the decode loop keeps it lossless)."""
         if max_new_tokens is None or max_new_tokens <= 0:
             raise DraftTreeError(f"max_new_tokens must be > 0, got {max_new_tokens}")
         sampling = Sampling(float(temperature), float(top_p), int(top_k))
@@ -188,21 +194,23 @@ class SpeculativeModel:
         ctx = self._runner.max_positions
         if ids.numel() >= ctx:
             raise DraftTreeError(f"prompt is {ids.numel()} tokens but the context window is {ctx} tokens")
-        drafter = self.drafter(method, method_options)
+        if drafter is None:
+            drafter = self.drafter(method, method_options)
+            label = method or self.method
+        else:
+            label = getattr(drafter, "name", type(drafter).__name__)
         stops = [stop] if isinstance(stop, str) else list(stop or [])
         if any(not s for s in stops):
             raise DraftTreeError("stop strings must be non-empty")
         gen = torch.Generator(device=self.target.device)
         gen.manual_seed(seed if seed is not None else random.randrange(2**63))
         stream = GenerationStream(iter(()))
-        stream._it = self._run(ids, drafter, sampling, max_new_tokens, stops, gen, stream, record_rounds,
-                               method or self.method, seed is not None)
+        stream._it = self._run(ids, drafter, sampling, max_new_tokens, stops, gen, stream, record_rounds, label,
+                               seed is not None)
         return stream
 
     def _run(self, ids, drafter, sampling, max_new_tokens, stops, gen, stream, record_rounds, method,
              reproducible=False):
-        if method == "eagle-chain-oracle":
-            self._set_oracle_reference(drafter, ids, sampling, max_new_tokens)
         stats = DecodeStats()
         tokens: list[int] = []
         emitted = ""
@@ -238,21 +246,6 @@ class SpeculativeModel:
             yield StreamChunk(text[len(emitted):], [], step)
         stream.result = GenerationResult(text, tokens, int(ids.numel()), method, stats)
 
-    def _set_oracle_reference(self, drafter, ids, sampling, max_new_tokens) -> None:
-        """The oracle needs the target's own continuation: plain decoding, run apart and not timed."""
-        if not sampling.greedy:
-            raise DraftTreeError("eagle-chain-oracle is a measurement at temperature 0 only")
-        plain = TargetModel(self.target.model)  # its own KV cache: the decode's cache stays untouched
-        end = ids.numel() + max_new_tokens
-
-        def continuation(context: list[int]) -> list[int]:
-            prompt = torch.tensor(context, dtype=ids.dtype, device=ids.device)
-            steps = decode(plain, Drafter(), prompt, sampling, max(1, end - len(context) + 1), self.eos_ids)
-            return [t for step in steps for t in step]
-
-        drafter.reference = ids.reshape(-1).tolist() + continuation(ids.reshape(-1).tolist())
-        drafter.reference_fn = continuation
-
     def generate(self, prompt: str | list[dict] | torch.Tensor, max_new_tokens: int = 256,
                  **kwargs) -> GenerationResult:
         """Generate to completion; see :meth:`stream` for the parameters."""
@@ -260,12 +253,6 @@ class SpeculativeModel:
         for _ in s:
             pass
         return s.result
-
-
-def result_summary(result: GenerationResult) -> dict:
-    d = result.to_dict()
-    d.pop("tokens")
-    return d
 
 
 __all__ = ["GenerationResult", "GenerationStream", "SpeculativeModel", "StreamChunk", "asdict"]

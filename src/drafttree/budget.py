@@ -13,12 +13,14 @@ from __future__ import annotations
 
 import hashlib
 import json
+import sys
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import torch
 
-from drafttree.models import cache_dir
+from drafttree.paths import calibration_dir
 
 SIZES = [1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 96]
 
@@ -51,8 +53,11 @@ def _key(runner, name: str) -> str:
 
 
 @torch.inference_mode()
-def measure_verify_costs(runner, context: int = 256, reps: int = 7, sizes: list[int] | None = None) -> CostModel:
+def measure_verify_costs(runner, context: int = 256, reps: int = 7, sizes: list[int] | None = None,
+                         show_progress: bool = False) -> CostModel:
     """Time target forwards over chains of N tokens on a ``context``-token prefix (median of ``reps``)."""
+    from tqdm.auto import tqdm
+
     context = min(context, runner.max_positions // 2)
     sizes = [n for n in (sizes or SIZES) if context + n < runner.max_positions]
     vocab = runner.lm_head.weight.shape[0]
@@ -74,7 +79,8 @@ def measure_verify_costs(runner, context: int = 256, reps: int = 7, sizes: list[
     for n in sizes:  # warm-up: first calls of each shape pay for allocations and kernel selection
         forward(n)
     times: dict[int, list[float]] = {n: [] for n in sizes}
-    for _ in range(reps):
+    for _ in tqdm(range(reps), desc="verify-cost calibration", unit="pass", disable=not show_progress,
+                  leave=False):
         for n in sizes:  # interleaved, so a change in machine load hits every size alike
             times[n].append(forward(n))
     secs = [sorted(times[n])[len(times[n]) // 2] for n in sizes]
@@ -85,13 +91,21 @@ def measure_verify_costs(runner, context: int = 256, reps: int = 7, sizes: list[
     return CostModel(sizes, secs)
 
 
-def cost_model_for(runner, name: str, refresh: bool = False) -> CostModel:
-    """The cached verify-cost curve of this model on this machine, measured on first use."""
-    path = cache_dir() / "calibration" / f"verify-{_key(runner, name)}.json"
+def calibration_path(runner, name: str) -> Path:
+    return calibration_dir() / f"verify-{_key(runner, name)}.json"
+
+
+def cost_model_for(runner, name: str, refresh: bool = False, quiet: bool = False) -> CostModel:
+    """The cached verify-cost curve of this model on this machine, measured (with a visible line) on first use
+    or when ``refresh``; ``drafttree calibrate`` runs and prints it."""
+    path = calibration_path(runner, name)
     if path.exists() and not refresh:
         d = json.loads(path.read_text())
         return CostModel(d["sizes"], d["seconds"])
-    cm = measure_verify_costs(runner)
+    if not quiet:
+        print(f"[drafttree] measuring how long {name} takes to verify 1..{SIZES[-1]} tokens on this machine "
+              f"(once per machine; cached in {path})", file=sys.stderr, flush=True)
+    cm = measure_verify_costs(runner, show_progress=not quiet)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps({"model": name, "dtype": str(runner.dtype), "device": str(runner.device),
                                 "threads": torch.get_num_threads(), "sizes": cm.sizes, "seconds": cm.seconds,
@@ -147,3 +161,44 @@ class TreeBudget:
             self.calibration = self.decay * self.calibration + (1 - self.decay) * ratio
         other = max(0.0, round_seconds - draft_seconds - verify_seconds)
         self.overhead = self.decay * self.overhead + (1 - self.decay) * other if self.overhead else other
+
+
+class BudgetRounds:
+    """Feeds each round's outcome back into a :class:`TreeBudget`.
+
+    A seeded generation (``reproducible``) uses a fresh budget of its own and drafting time modelled as
+    ``level_seconds`` per drafted level, so its choices come from counters and the cached curve, never a clock.
+    """
+
+    def __init__(self, budget: TreeBudget):
+        self.budget = budget
+        self._seeded: TreeBudget | None = None
+        self._round: tuple | None = None
+
+    def begin(self) -> None:
+        self._seeded, self._round = None, None
+
+    def start(self, reproducible: bool) -> TreeBudget:
+        self._t0 = time.perf_counter()
+        if not reproducible:
+            return self.budget
+        if self._seeded is None:
+            self._seeded = TreeBudget(self.budget.cost, max_total=self.budget.max_total,
+                                      min_total=self.budget.min_total)
+        return self._seeded
+
+    def record(self, budget: TreeBudget, expected: float, size: int, levels: int,
+               level_seconds: float | None) -> None:
+        """After drafting: the tree's predicted accepted drafts, its size and how many levels were drafted."""
+        seeded = level_seconds is not None
+        t_draft = level_seconds * levels if seeded else time.perf_counter() - self._t0
+        self._round = (budget, expected, self._t0, t_draft, size, seeded)
+
+    def observe(self, accepted_drafts: int) -> None:
+        if self._round is None:
+            return
+        budget, expected, t_start, t_draft, n, seeded = self._round
+        verify = budget.cost.verify(n)
+        total = t_draft + verify if seeded else time.perf_counter() - t_start
+        budget.observe(expected, accepted_drafts, total, t_draft, verify)
+        self._round = None

@@ -43,9 +43,24 @@ class DecodeStats:
         return self.new_tokens / self.wall_time if self.wall_time > 0 else 0.0
 
 
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
+class Stopwatch:
+    """Adds the time since the last lap to a :class:`DecodeStats` field and to ``wall_time`` (device synced
+    first, so GPU work is charged to the step that queued it). Paused while the consumer holds a step."""
+
+    def __init__(self, stats: DecodeStats, device: torch.device):
+        self.stats, self.device = stats, device
+        self.resume()
+
+    def resume(self) -> None:
+        self.t = time.perf_counter()
+
+    def lap(self, name: str) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        now = time.perf_counter()
+        setattr(self.stats, name, getattr(self.stats, name) + now - self.t)
+        self.stats.wall_time += now - self.t
+        self.t = now
 
 
 @torch.inference_mode()
@@ -66,21 +81,15 @@ def decode(
     ``stats.wall_time`` counts time spent inside this generator only, not the consumer's time between steps.
     """
     stats = stats if stats is not None else DecodeStats()
-    dev = target.device
-    clock = time.perf_counter
-    t_start = clock()
+    watch = Stopwatch(stats, target.device)
     pre = target.prefill(prompt_ids)
     root = sample_token(pre.logits[-1], sampling, generator)
-    _sync(dev)
-    t1 = clock()
-    stats.time_prefill = t1 - t_start
+    watch.lap("time_prefill")
     drafter.begin(prompt_ids, pre.features, root)
-    _sync(dev)
-    stats.time_draft += clock() - t1
+    watch.lap("time_draft")
     stats.target_forwards, stats.new_tokens = 1, 1
     stats.accept_lengths.append(1)
     context = prompt_ids.reshape(-1).tolist() + [root]
-    stats.wall_time = clock() - t_start
     yield [root]
     if root in eos_ids:
         stats.finish_reason = "stop"
@@ -89,25 +98,21 @@ def decode(
         if target.length + 1 >= target.max_positions:
             stats.finish_reason = "context"
             return
-        t0 = clock()
+        watch.resume()
         max_depth = min(max_new_tokens - stats.new_tokens - 1, target.max_positions - target.length - 2)
         req = DraftRequest(context, root, max(0, max_depth), sampling, generator, reproducible=reproducible)
-        tree = drafter.propose(req).to(dev)
-        t0 += req.info.pop("untimed", 0.0)  # a measurement-only drafter's oracle work is not decoding time
+        tree = drafter.propose(req).to(target.device)  # draft
         if tree.max_depth > req.max_depth:
             raise RuntimeError(f"drafter {drafter.name} proposed depth {tree.max_depth} > {req.max_depth}")
-        _sync(dev)
-        t1 = clock()
-        out = target.forward_tree(tree.tokens, tree.depths, tree.ancestors)
-        _sync(dev)
-        t2 = clock()
-        path, nxt = accept(tree, out.logits, sampling, generator)
+        watch.lap("time_draft")
+        out = target.forward_tree(tree.tokens, tree.depths, tree.ancestors)  # verify
+        watch.lap("time_verify")
+        path, nxt = accept(tree, out.logits, sampling, generator)  # accept
         target.commit(path)
         committed = tree.tokens[path].tolist()
-        t3 = clock()
-        drafter.observe(committed, out.features[path], nxt)
-        _sync(dev)
-        t4 = clock()
+        watch.lap("time_other")
+        drafter.observe(committed, out.features[path], nxt)  # the drafter learns what was accepted
+        watch.lap("time_draft")
         new = committed[1:] + [nxt]
         new = new[: max_new_tokens - stats.new_tokens]
         for i, tok in enumerate(new):
@@ -123,11 +128,7 @@ def decode(
         stats.tree_sizes.append(tree.size)
         if record_rounds and req.info:
             stats.rounds.append(req.info)
-        stats.time_draft += (t1 - t0) + (t4 - t3)
-        stats.time_verify += t2 - t1
-        t5 = clock()
-        stats.time_other += (t3 - t2) + (t5 - t4)
-        stats.wall_time += t5 - t0
+        watch.lap("time_other")
         yield new
         if stats.finish_reason == "stop":
             return

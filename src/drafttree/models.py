@@ -28,19 +28,10 @@ from pathlib import Path
 import torch
 
 from drafttree.errors import DraftTreeError
+from drafttree.paths import cache_dir
 
 DEFAULT_MODEL = "smollm2-135m-instruct"
 ALIASES = {"default": DEFAULT_MODEL, "smollm2": DEFAULT_MODEL, "smollm2-135m": DEFAULT_MODEL}
-
-
-def cache_dir() -> Path:
-    """Where converted models, assembled packs and calibration files live (``$DRAFTTREE_CACHE``)."""
-    root = os.environ.get("DRAFTTREE_CACHE") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "drafttree"
-    )
-    path = Path(root)
-    path.mkdir(parents=True, exist_ok=True)
-    return path
 
 
 @dataclass
@@ -169,15 +160,15 @@ def converted_dir_for_gguf(gguf: Path, show_progress: bool = True) -> Path:
 
 def resolve_reference(ref: str) -> tuple[str, str]:
     """Map a reference to (kind, location): kind in {'dir', 'gguf', 'hub'}."""
-    from drafttree import packs
+    from drafttree.packs import PACKS, pack_path
 
     if not ref or not ref.strip():
         raise DraftTreeError("empty model reference")
     name = ALIASES.get(ref.lower(), ref.lower())
     if name == DEFAULT_MODEL:
         return "gguf", str(default_gguf_path())
-    if name in packs.PACKS:
-        return "gguf", str(packs.pack_path(name))
+    if name in PACKS:
+        return "gguf", str(pack_path(name))
     path = Path(os.path.expanduser(ref))
     if path.suffix == ".gguf":
         if not path.is_file():
@@ -191,7 +182,7 @@ def resolve_reference(ref: str) -> tuple[str, str]:
         raise DraftTreeError(f"{path} is neither a .gguf file nor a model directory")
     if re.fullmatch(r"[A-Za-z0-9_][\w.-]*/[\w.-]+", ref):
         return "hub", ref
-    known = ", ".join([DEFAULT_MODEL, *packs.PACKS])
+    known = ", ".join([DEFAULT_MODEL, *PACKS])
     raise DraftTreeError(f"unknown model {ref!r}: not a built-in name ({known}), an existing file or directory")
 
 

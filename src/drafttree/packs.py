@@ -46,7 +46,7 @@ PACKS: dict[str, Pack] = {
 
 
 def _assembled_path(name: str) -> Path:
-    from drafttree.models import cache_dir
+    from drafttree.paths import cache_dir
 
     return cache_dir() / "packs" / f"{name}.gguf"
 

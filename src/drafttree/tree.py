@@ -66,7 +66,7 @@ class DraftTree:
         probs = None if self.draft_probs is None else self.draft_probs.to(device)
         sampled = None if self.sampled is None else self.sampled.to(device)
         return DraftTree(self.tokens.to(device), self.parents.to(device), self.ancestors.to(device),
-                         self.depths.to(device), probs, sampled)
+                         self.depths.to(device), probs, sampled, self.expected_accept)
 
     @staticmethod
     def from_parents(tokens: torch.Tensor, parents: torch.Tensor, draft_probs=None, sampled=None) -> DraftTree:
@@ -326,8 +326,8 @@ def grow_static_tree(stepper: TreeStepper, root: int, paths: list[list[int]]) ->
 def grow_chain(stepper: TreeStepper, root: int, length: int, stop=None) -> DraftTree:
     """Greedy chain of up to ``length`` draft tokens.
 
-    ``stop(n_drafted, cumulative_logprob) -> bool`` may end drafting early (confidence / length policies);
-    every step it saves is one drafter call.
+    ``stop(tokens_so_far, cumulative_logprob) -> bool`` may end drafting early (confidence / length
+    policies; the benchmark's oracle); every step it saves is one drafter call.
     """
     lp = stepper.root_logprobs()
     dev = lp.device
@@ -338,7 +338,7 @@ def grow_chain(stepper: TreeStepper, root: int, length: int, stop=None) -> Draft
         cum += float(lp[j])
         tok = j if stepper.vocab_ids is None else int(stepper.vocab_ids[j])
         tokens.append(tok)
-        if d + 1 == length or (stop is not None and stop(d + 1, cum)):
+        if d + 1 == length or (stop is not None and stop(tokens, cum)):
             break
         lp = stepper.expand(torch.tensor([tok], device=dev), torch.tensor([d - 1], device=dev),
                             torch.ones(1, d + 1, dtype=torch.bool, device=dev), d + 1)[0]

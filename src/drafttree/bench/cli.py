@@ -67,7 +67,7 @@ def cmd_report(args) -> int:
 
 def add_parser(sub) -> None:
     from drafttree.bench.peers import HF_METHODS
-    from drafttree.bench.runner import QUICK, SETTINGS
+    from drafttree.bench.runner import BENCH_METHODS, QUICK, SETTINGS
     from drafttree.bench.tasks import BUILTIN
     from drafttree.drafters import METHODS
 
@@ -91,7 +91,8 @@ def add_parser(sub) -> None:
     b.add_argument("--draft-model", default=None, help="draft LM for draft / hf-assisted (same tokenizer)")
     b.add_argument("--head", default=None, help="EAGLE head: auto (the shipped one), none, or a directory")
     b.add_argument("--methods", action="append", default=None,
-                   help=f"comma-separated; ours: {', '.join(METHODS)}; Hugging Face: {', '.join(HF_METHODS)}")
+                   help=f"comma-separated; ours: {', '.join(METHODS)}; measurement only: {', '.join(BENCH_METHODS)}; "
+                        f"Hugging Face: {', '.join(HF_METHODS)}")
     b.add_argument("--tasks", action="append", default=None,
                    help=f"comma-separated built-in names ({', '.join(BUILTIN)}) or question-file paths")
     b.add_argument("--data-dir", default=None,

@@ -7,6 +7,7 @@ import shlex
 import shutil
 from pathlib import Path
 
+from drafttree.bench.files import RESULTS, RUN_FILE, SUMMARY, read_records
 from drafttree.bench.metrics import MEAN, summarize_results
 from drafttree.bench.tasks import DISPLAY
 from drafttree.errors import DraftTreeError
@@ -44,7 +45,6 @@ def build_summary(run: dict, records: list[dict]) -> dict:
 
 def write_outputs(out_dir: str | Path, plots: bool = True) -> dict:
     """(Re)compute summary.json, table.md and the plots of a run directory from run.json + results.jsonl."""
-    from drafttree.bench.runner import RESULTS, RUN_FILE, SUMMARY, read_records
 
     out = Path(out_dir)
     if not (out / RUN_FILE).exists():
@@ -276,7 +276,6 @@ How to read these tables (the conventions of Spec-Bench and EAGLE's `speed.py`):
 
 def render_report(run_dirs: list[str | Path], out_md: str | Path, command: str | None = None) -> str:
     """Regenerate the benchmark document from run directories; copies their plots into ``<out dir>/img``."""
-    from drafttree.bench.runner import RESULTS, SUMMARY
 
     if not run_dirs:
         raise DraftTreeError("bench report needs at least one run directory")

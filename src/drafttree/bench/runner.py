@@ -19,14 +19,12 @@ import zlib
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from drafttree.bench.files import RESULTS, RUN_FILE, SCHEMA, SUMMARY, read_records, repair_tail
 from drafttree.bench.peers import HF_METHODS, hf_generate, needs_draft
 from drafttree.bench.tasks import BUILTIN, Question, Task, load_tasks
 from drafttree.errors import DraftTreeError
 
-RESULTS = "results.jsonl"
-RUN_FILE = "run.json"
-SUMMARY = "summary.json"
-SCHEMA = "drafttree-bench/1"
+BENCH_METHODS = ["eagle-chain-oracle"]  # measurement only (bench/oracle.py): not decoding methods
 
 # settings that change the numbers: a resumed run must use the same ones
 FINGERPRINT_KEYS = ("model", "draft_model", "head", "dtype", "device", "temperature", "max_new_tokens", "repeats",
@@ -72,7 +70,7 @@ class BenchConfig:
     def validate(self) -> None:
         from drafttree.drafters import METHODS
 
-        known = ["auto"] + METHODS + HF_METHODS
+        known = ["auto"] + METHODS + BENCH_METHODS + HF_METHODS
         bad = [m for m in self.methods if parse_method(m)[0] not in known]
         if bad:
             raise DraftTreeError(f"unknown method(s) {', '.join(bad)}; choose from {', '.join(known)}")
@@ -196,34 +194,6 @@ def machine_info(threads: int, dtype: str, device: str) -> dict:
     return info
 
 
-def read_records(path: str | Path) -> list[dict]:
-    """The records of a results.jsonl; a torn last line (killed mid-write) is ignored."""
-    path = Path(path)
-    if not path.exists():
-        return []
-    out = []
-    lines = path.read_text(encoding="utf-8").splitlines()
-    for no, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
-        try:
-            out.append(json.loads(line))
-        except json.JSONDecodeError:
-            if no == len(lines):
-                continue
-            raise DraftTreeError(f"{path}:{no}: corrupt record (not JSON)") from None
-    return out
-
-
-def repair_tail(path: Path) -> None:
-    """Drop a torn last line (a run killed mid-write) so that appended records start on a line of their own."""
-    if not path.exists():
-        return
-    data = path.read_bytes()
-    if data and not data.endswith(b"\n"):
-        path.write_bytes(data[: data.rfind(b"\n") + 1])
-
-
 def done_keys(records: list[dict]) -> set[tuple]:
     """(method, task, question_id) recorded without error: a resumed run skips these."""
     state: dict[tuple, bool] = {}
@@ -289,7 +259,7 @@ class BenchRunner:
                                show_progress=self.show_progress)
         head = None
         self.head_path = None
-        head_methods = [m for m in wanted if needs_head(parse_method(m)[0])]
+        head_methods = [m for m in wanted if needs_head(parse_method(m)[0]) or parse_method(m)[0] in BENCH_METHODS]
         if (head_methods or any(uses_models(m) for m in wanted)) and cfg.head:
             from drafttree.heads import load_head_for, shipped_head_dir
 
@@ -313,8 +283,9 @@ class BenchRunner:
             if m in self.skipped:
                 continue
             if m not in HF_METHODS:
-                try:
-                    self.lm.drafter(*parse_method(m))  # build it now: config errors surface before any timing
+                try:  # build it now: config errors surface before any timing
+                    self._drafter(m, torch.tensor([0, 1]), 1) if parse_method(m)[0] in BENCH_METHODS else \
+                        self.lm.drafter(*parse_method(m))
                 except DraftTreeError as e:
                     self._skip_or_fail(m, str(e))
                     continue
@@ -324,6 +295,12 @@ class BenchRunner:
                 f"{m}: {r}" for m, r in self.skipped.items()))
         self.dtype = str(target.dtype).replace("torch.", "")
         self.device = str(target.device)
+
+    def _drafter(self, method: str, ids, max_new: int):
+        """A measurement-only drafter for one generation (the oracle)."""
+        from drafttree.bench.oracle import oracle_drafter
+
+        return oracle_drafter(self.lm, ids, max_new, parse_method(method)[1])
 
     # ---- one prompt -------------------------------------------------------------------------------------
     def answer(self, method: str, question: Question, seed: int, max_new_tokens: int | None = None,
@@ -354,13 +331,16 @@ class BenchRunner:
                 _sync(dev)
                 t0 = time.perf_counter()
                 name, opts = parse_method(method)
+                oracle = self._drafter(method, ids, max_new) if name in BENCH_METHODS else None
                 res = lm.generate(ids, max_new_tokens=max_new, temperature=cfg.temperature, seed=s, method=name,
-                                  method_options=opts)
+                                  method_options=opts, drafter=oracle)
                 _sync(dev)
                 wall = time.perf_counter() - t0
                 st = res.stats
-                if name == "eagle-chain-oracle":  # measurement only: leave out its untimed reference decoding
-                    wall = st.wall_time
+                if oracle is not None:  # leave out the oracle's reference decoding
+                    wall -= oracle.untimed
+                    st.wall_time -= oracle.untimed
+                    st.time_draft -= oracle.untimed
                 text = res.text
                 turn = {"prompt_tokens": int(ids.numel()), "new_tokens": st.new_tokens, "wall_time": wall,
                         "decode_wall_time": st.wall_time, "target_forwards": st.target_forwards,

@@ -1,85 +1,112 @@
-"""Drafters, one file each, and the registry that turns a method name into one."""
+"""Drafters, one file each, and the registry that turns a method name (plus options) into one."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass
+
 from drafttree.drafters.base import Drafter, DraftRequest
+from drafttree.drafters.options import (
+    DraftLMOptions,
+    EagleOptions,
+    HybridOptions,
+    LookupOptions,
+    NoOptions,
+    SwitchOptions,
+    parse_options,
+)
 from drafttree.errors import DraftTreeError
 
-# Stable method names (CLI, API, benchmark). Each maps to a drafter factory below.
-BASE_METHODS = ["ar", "lookup", "draft", "hybrid", "switch"]
-HEAD_METHODS = [
-    "eagle-chain", "eagle1", "eagle2",
-    "eagle-chain-threshold", "eagle-chain-ldlp", "eagle-chain-ldlp-threshold", "eagle2-ldlp",
-    "eagle-chain-oracle",
-]
-METHODS = BASE_METHODS + HEAD_METHODS
+
+@dataclass(frozen=True)
+class Method:
+    """A method name's options schema, what it needs loaded, and how it builds its drafter."""
+
+    schema: type
+    needs: str  # "", "head", "draft" or "model" (a head or a draft LM)
+    build: Callable  # (target, draft, head, options) -> Drafter
+    doc: str
+
+
+def _ar(target, draft, head, o):
+    return Drafter()
+
+
+def _lookup(target, draft, head, o: LookupOptions):
+    from drafttree.drafters.lookup import LookupDrafter
+
+    return LookupDrafter(o.max_ngram, o.min_ngram, o.num_tokens, o.max_candidates, device=target.device)
+
+
+def _draft(target, draft, head, o: DraftLMOptions):
+    from drafttree.drafters.draft_model import make_draft_drafter
+
+    return make_draft_drafter(target, draft, o)
+
+
+def _hybrid(target, draft, head, o: HybridOptions):
+    from drafttree.drafters.compose import make_hybrid
+
+    return make_hybrid(target, draft, head, o)
+
+
+def _switch(target, draft, head, o: SwitchOptions):
+    from drafttree.drafters.compose import make_switch
+
+    return make_switch(target, draft, head, o)
+
+
+def _eagle(method: str):
+    def build(target, draft, head, o: EagleOptions):
+        from drafttree.drafters.eagle import make_eagle_drafter
+
+        return make_eagle_drafter(method, target, head, o)
+
+    return build
+
+
+REGISTRY: dict[str, Method] = {
+    "ar": Method(NoOptions, "", _ar, "plain decoding (one token per target forward)"),
+    "lookup": Method(LookupOptions, "", _lookup, "prompt lookup: n-gram matches in the context"),
+    "draft": Method(DraftLMOptions, "draft", _draft, "a draft LM's chain or top-k tree"),
+    "hybrid": Method(HybridOptions, "model", _hybrid, "n-grams + head + draft LM in one ranked tree"),
+    "switch": Method(SwitchOptions, "model", _switch, "lookup when the context matches, else the model"),
+    **{m: Method(EagleOptions, "head", _eagle(m), doc) for m, doc in [
+        ("eagle-chain", "EAGLE head, greedy chain"),
+        ("eagle1", "EAGLE head, EAGLE-1 static tree"),
+        ("eagle2", "EAGLE head, EAGLE-2 dynamic tree"),
+        ("eagle-chain-threshold", "EAGLE chain, confidence threshold"),
+        ("eagle-chain-ldlp", "EAGLE chain, AdaEAGLE length predictor"),
+        ("eagle-chain-ldlp-threshold", "EAGLE chain, LDLP and threshold"),
+        ("eagle2-ldlp", "EAGLE-2 tree, depth from the LDLP")]},
+}
+METHODS = list(REGISTRY)
+HEAD_METHODS = [m for m, spec in REGISTRY.items() if spec.needs == "head"]
+COMPOSED_METHODS = [m for m, spec in REGISTRY.items() if spec.needs == "model"]  # any loaded head / draft LM
 
 
 def needs_head(method: str) -> bool:
     return method in HEAD_METHODS
 
 
-# methods that use whatever model sources are loaded (an EAGLE head, a draft LM), and need one of them
-COMPOSED_METHODS = ["hybrid", "switch"]
-HYBRID_OPTIONS = {"top_k", "top_k_draft", "depth", "max_total", "total_tokens", "gate", "sources", "max_ngram",
-                  "num_tokens", "max_candidates"}
-
-
-# options each method accepts (CLI flags map onto these names)
-OPTIONS = {
-    "ar": set(),
-    "lookup": {"max_ngram", "min_ngram", "num_tokens", "max_candidates", "k"},
-    "draft": {"k", "depth", "tree", "top_k", "top_k_draft", "total_tokens", "max_total"},
-    "hybrid": HYBRID_OPTIONS,
-    "switch": {"max_ngram", "num_tokens", "max_candidates", "top_k", "top_k_draft", "depth", "max_total"},
-    **{m: {"k", "depth", "top_k", "top_k_draft", "total_tokens", "max_total", "threshold", "tree", "ldlp",
-           "depth_slack"} for m in HEAD_METHODS},
-}
+def check_method(method: str) -> Method:
+    if method not in REGISTRY:
+        raise DraftTreeError(f"unknown method {method!r}; choose one of auto, {', '.join(METHODS)}")
+    return REGISTRY[method]
 
 
 def make_drafter(method: str, target, draft=None, head=None, **options) -> Drafter:
     """Build the drafter for ``method``. ``target``/``draft`` are LoadedModels, ``head`` an EagleHead."""
-    if method in OPTIONS:
-        bad = sorted(set(options) - OPTIONS[method])
-        if bad:
-            raise DraftTreeError(f"option(s) {', '.join(bad)} do not apply to method {method!r}")
-    if "top_k_draft" in options:
-        options["top_k"] = options.pop("top_k_draft")
-    if method == "ar":
-        return Drafter()
-    if method == "lookup":
-        from drafttree.drafters.lookup import LookupDrafter
-
-        if "k" in options:
-            options["num_tokens"] = options.pop("k")
-        return LookupDrafter(device=target.device, **options)
-    if method in COMPOSED_METHODS:
-        from drafttree.drafters.compose import make_hybrid, make_switch
-
-        if draft is None and head is None:
-            raise DraftTreeError(f"method {method!r} needs an EAGLE head or a draft model (--draft-model)")
-        make = make_hybrid if method == "hybrid" else make_switch
-        return make(target, draft, head, **options)
-    if method == "draft":
-        from drafttree.drafters.draft_model import DraftModelDrafter
-
-        if draft is None:
-            raise DraftTreeError("method 'draft' needs a draft model (--draft-model)")
-        if options.get("tree") and str(options.get("total_tokens", "")) == "auto":
-            from drafttree.drafters.eagle import make_budget
-
-            options["budget"] = make_budget(target, max_total=int(options.pop("max_total", 32)))
-        from drafttree.sources.model_sources import param_count
-
-        level = param_count(draft.model) / max(1, param_count(target.model))
-        return DraftModelDrafter(draft.model, target.vocab_size, level_cost=level, **options)
-    if method in HEAD_METHODS:
-        from drafttree.drafters.eagle import make_eagle_drafter
-
-        if head is None:
-            raise DraftTreeError(f"method {method!r} needs an EAGLE head for {target.name!r} (--head PATH)")
-        return make_eagle_drafter(method, target, head, **options)
-    raise DraftTreeError(f"unknown method {method!r}; choose one of {', '.join(METHODS)}")
+    spec = check_method(method)
+    opts = parse_options(spec.schema, method, options)
+    if spec.needs == "head" and head is None:
+        raise DraftTreeError(f"method {method!r} needs an EAGLE head for {target.name!r} (--head PATH)")
+    if spec.needs == "draft" and draft is None:
+        raise DraftTreeError(f"method {method!r} needs a draft model (--draft-model)")
+    if spec.needs == "model" and draft is None and head is None:
+        raise DraftTreeError(f"method {method!r} needs an EAGLE head or a draft model (--draft-model)")
+    return spec.build(target, draft, head, opts)
 
 
-__all__ = ["COMPOSED_METHODS", "DraftRequest", "Drafter", "METHODS", "make_drafter", "needs_head"]
+__all__ = ["COMPOSED_METHODS", "DraftRequest", "Drafter", "METHODS", "REGISTRY", "check_method", "make_drafter",
+           "needs_head"]

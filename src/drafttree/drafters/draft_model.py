@@ -13,10 +13,16 @@ from __future__ import annotations
 import torch
 
 from drafttree.accept import warp_probs
+from drafttree.budget import BudgetRounds
 from drafttree.drafters.base import Drafter, DraftRequest
+from drafttree.drafters.options import AUTO, DraftLMOptions
 from drafttree.errors import DraftTreeError
 from drafttree.target import TargetModel
 from drafttree.tree import DraftTree, grow_chain, grow_dynamic_tree, grow_sampled_chain
+
+
+def param_count(module: torch.nn.Module) -> int:
+    return sum(p.numel() for p in module.parameters())
 
 
 class _DraftLMStepper:
@@ -82,20 +88,25 @@ class DraftModelDrafter(Drafter):
     name = "draft"
 
     def __init__(self, draft_model: torch.nn.Module, vocab_size: int, k: int = 4, tree: bool = False,
-                 top_k: int = 4, total_tokens: int | str = 16, budget=None, depth: int | None = None,
-                 level_cost: float = 0.3):
+                 top_k: int = 4, total_tokens: int = 16, budget=None, level_cost: float = 0.3):
+        """``budget``: a TreeBudget sizing each tree (trees only); else ``total_tokens`` nodes are verified."""
+        if int(k) <= 0:
+            raise DraftTreeError(f"draft length must be > 0, got {k}")
         self.state = DraftLMState(draft_model, vocab_size)
         self.level_cost = level_cost  # one draft forward, in target forwards (seeded runs model time with it)
         self.target_vocab = vocab_size
-        k = depth if depth is not None else k
-        if int(k) <= 0:
-            raise DraftTreeError(f"draft length must be > 0, got {k}")
         self.k, self.tree, self.top_k = int(k), tree, int(top_k)
-        self.total_tokens = total_tokens if total_tokens == "auto" else int(total_tokens)
-        self.budget = budget  # a TreeBudget when total_tokens == "auto" (trees only)
+        self.total_tokens = int(total_tokens)
+        self.rounds = BudgetRounds(budget) if budget is not None and tree else None
 
     def begin(self, prompt, prefill_features, root):
         self.state.reset()
+        if self.rounds is not None:
+            self.rounds.begin()
+
+    def observe(self, committed, features, next_root):
+        if self.rounds is not None:
+            self.rounds.observe(len(committed) - 1)
 
     @torch.inference_mode()
     def propose(self, req: DraftRequest) -> DraftTree:
@@ -104,15 +115,28 @@ class DraftModelDrafter(Drafter):
             return DraftTree.root_only(req.root)
         stepper = self.state.stepper(req.context)
         if self.tree:  # deterministic top-k tree: point-mass candidates at any temperature
-            total = self.budget.max_total if self.budget is not None else self.total_tokens
-            level = None
-            if self.budget is not None and req.reproducible:  # never read a clock in a seeded run
-                level = self.level_cost * self.budget.cost.verify(1)
-            tree = grow_dynamic_tree(stepper, req.root, k, self.top_k, total, budget=self.budget, level_seconds=level)
-            if self.budget is not None:
-                req.info.update(tree_tokens=tree.size, depth=tree.max_depth)
+            if self.rounds is None:
+                return grow_dynamic_tree(stepper, req.root, k, self.top_k, self.total_tokens)
+            budget = self.rounds.start(req.reproducible)
+            level = self.level_cost * budget.cost.verify(1) if req.reproducible else None  # never a clock
+            tree = grow_dynamic_tree(stepper, req.root, k, self.top_k, budget.max_total, budget=budget,
+                                     level_seconds=level)
+            self.rounds.record(budget, tree.expected_accept or 0.0, tree.size, tree.max_depth + 1, level)
+            req.info.update(tree_tokens=tree.size, depth=tree.max_depth)
             return tree
         if not req.sampling.greedy:
             return grow_sampled_chain(stepper, req.root, k, lambda lp: warp_probs(lp, req.sampling),
                                       req.generator, self.target_vocab)
         return grow_chain(stepper, req.root, k)
+
+
+def make_draft_drafter(target, draft, o: DraftLMOptions) -> DraftModelDrafter:
+    """``target``/``draft`` are LoadedModels; a tree with ``total_tokens='auto'`` is sized by this machine's
+    verify-cost curve."""
+    from drafttree.drafters.eagle import make_budget
+
+    budget = make_budget(target, max_total=o.max_total) if o.tree and o.total_tokens == AUTO else None
+    total = 16 if o.total_tokens == AUTO else o.total_tokens
+    level = param_count(draft.model) / max(1, param_count(target.model))
+    return DraftModelDrafter(draft.model, target.vocab_size, k=o.depth, tree=o.tree, top_k=o.top_k,
+                             total_tokens=total, budget=budget, level_cost=level)

@@ -1,5 +1,5 @@
-"""EAGLE drafting with a trained head: chain (``eagle-chain``), EAGLE-1 static tree (``eagle1``) and
-EAGLE-2 dynamic tree (``eagle2``), plus the AdaEAGLE length policies.
+"""EAGLE drafting with a trained head: a drafter = the head's state + a shape (chain, EAGLE-1 static tree,
+EAGLE-2 dynamic tree) + a length policy (fixed, confidence threshold, AdaEAGLE LDLP); methods compose them.
 
 The head keeps its own KV cache of *committed* pairs (target feature at t, token t+1). Each round it
 re-encodes the pairs the target just accepted with the target's true features (``observe``), whose last
@@ -9,14 +9,23 @@ the next ``observe`` drops, so drafting branches never pollute the committed cac
 
 from __future__ import annotations
 
-import time
-
 import torch
 from transformers import DynamicCache
 
 from drafttree.accept import warp_probs
-from drafttree.budget import TreeBudget, cost_model_for
+from drafttree.budget import BudgetRounds, TreeBudget, cost_model_for
 from drafttree.drafters.base import Drafter, DraftRequest
+from drafttree.drafters.length_policies import (
+    ConfidenceStop,
+    FixedLength,
+    LastToken,
+    LengthPolicy,
+    LengthPredictor,
+    PredictedLength,
+    PredictedLengthAndConfidence,
+    StopRule,
+)
+from drafttree.drafters.options import AUTO, EagleOptions, parse_options
 from drafttree.errors import DraftTreeError
 from drafttree.heads.model import EagleHead
 from drafttree.target import tree_attention_mask
@@ -89,202 +98,158 @@ class EagleState:
         return torch.log_softmax(self.head.draft_logits(out).float(), dim=-1)
 
 
-class EagleDrafter(Drafter):
-    """``shape``: 'chain' (top-1 chain, sampled at T > 0), 'static' (EAGLE-1 tree) or 'dynamic' (EAGLE-2)."""
+# -- shapes: how a round's draft grows from the head ----------------------------------------------------------
 
-    def __init__(self, head: EagleHead, shape: str = "dynamic", depth: int = 6, top_k: int = 8,
-                 total_tokens: int | str = "auto", tree: list[list[int]] | None = None, name: str | None = None,
-                 budget=None, length_policy: str | None = None, threshold: float = -1.0, ldlp=None,
-                 depth_slack: int = 1):
-        if shape not in ("chain", "static", "dynamic"):
-            raise DraftTreeError(f"unknown EAGLE draft shape {shape!r}")
-        if depth is None or int(depth) <= 0:
-            raise DraftTreeError(f"depth must be > 0, got {depth}")
-        self.head, self.shape = head, shape
-        self.depth, self.top_k = int(depth), int(top_k)
-        if total_tokens != "auto" and (not str(total_tokens).isdigit() or int(total_tokens) < 1):
-            raise DraftTreeError(f"total_tokens must be a positive integer or 'auto', got {total_tokens!r}")
-        self.total_tokens = total_tokens if total_tokens == "auto" else int(total_tokens)
-        self.budget = budget if self.total_tokens == "auto" and shape == "dynamic" else None
-        if self.total_tokens == "auto" and shape == "dynamic" and budget is None:
-            raise DraftTreeError("total_tokens='auto' needs a TreeBudget (make_eagle_drafter builds one)")
-        self._round = None
-        self.tree = tree or EAGLE1_TREE
-        if length_policy not in (None, "threshold", "ldlp", "ldlp-threshold", "oracle"):
-            raise DraftTreeError(f"unknown length policy {length_policy!r}")
-        if length_policy in ("ldlp", "ldlp-threshold") and ldlp is None:
-            raise DraftTreeError(f"length policy {length_policy!r} needs a trained length predictor (LDLP)")
-        self.length_policy, self.threshold, self.ldlp = length_policy, float(threshold), ldlp
-        self.depth_slack = depth_slack  # eagle2-ldlp: tree depth = predicted chain length + slack
-        self.reference: list[int] | None = None  # oracle only: the target's own greedy continuation
-        # oracle only: context -> the target's greedy continuation of it, to re-derive the reference when the
-        # output left it (in bf16 a tree verify can flip a near-tie that plain decoding resolved the other way)
-        self.reference_fn = None
-        self._last = None  # (token, feature) of the last token the target validated, for the LDLP
-        self.name = name or {"chain": "eagle-chain", "static": "eagle1", "dynamic": "eagle2"}[shape]
+
+class ChainShape:
+    """A top-1 chain at T = 0 (the policy may stop it early), a chain sampled from the head's q at T > 0."""
+
+    chain = True
+
+    def begin(self) -> None:
+        pass
+
+    def grow(self, drafter: EagleDrafter, req: DraftRequest, depth: int, stop: StopRule | None) -> DraftTree:
+        st = drafter.state
+        if not req.sampling.greedy:
+            return grow_sampled_chain(st, req.root, depth, lambda lp: warp_probs(lp, req.sampling),
+                                      req.generator, drafter.head.lm_head.weight.shape[0])
+        tree = grow_chain(st, req.root, depth, stop=stop)
+        req.info["drafted"] = tree.size - 1
+        return tree
+
+    def observe(self, accepted_drafts: int) -> None:
+        pass
+
+
+class StaticTreeShape:
+    """The EAGLE-1 static tree (paths of child ranks), cut at the round's depth."""
+
+    chain = False
+
+    def __init__(self, paths: list[list[int]] | None = None):
+        self.paths = paths or EAGLE1_TREE
+
+    def begin(self) -> None:
+        pass
+
+    def grow(self, drafter, req, depth, stop):
+        return grow_static_tree(drafter.state, req.root, [p for p in self.paths if len(p) <= depth])
+
+    def observe(self, accepted_drafts: int) -> None:
+        pass
+
+
+class DynamicTreeShape:
+    """EAGLE-2: expand the ``top_k`` most confident nodes per level, verify the best ``total_tokens``, or
+    as many as this machine's verify-cost curve says pay (``budget``)."""
+
+    chain = False
+
+    def __init__(self, top_k: int = 8, total_tokens: int | None = None, budget: TreeBudget | None = None):
+        if budget is None and total_tokens is None:
+            raise DraftTreeError("an EAGLE-2 tree needs total_tokens or a TreeBudget")
+        self.top_k, self.total_tokens = int(top_k), total_tokens
+        self.rounds = BudgetRounds(budget) if budget is not None else None
+
+    def begin(self) -> None:
+        if self.rounds is not None:
+            self.rounds.begin()
+
+    def grow(self, drafter, req, depth, stop):
+        if self.rounds is None:
+            return grow_dynamic_tree(drafter.state, req.root, depth, self.top_k, self.total_tokens)
+        budget = self.rounds.start(req.reproducible)
+        level = drafter.head.level_cost() * budget.cost.verify(1) if req.reproducible else None  # modelled
+        tree = grow_dynamic_tree(drafter.state, req.root, depth, self.top_k, budget.max_total, budget=budget,
+                                 level_seconds=level)
+        self.rounds.record(budget, tree.expected_accept or 0.0, tree.size, tree.max_depth + 1, level)
+        req.info.update(tree_tokens=tree.size, depth=tree.max_depth, calibration=round(budget.calibration, 3))
+        return tree
+
+    def observe(self, accepted_drafts: int) -> None:
+        if self.rounds is not None:
+            self.rounds.observe(accepted_drafts)
+
+
+class EagleDrafter(Drafter):
+    """An EAGLE head drafting a ``shape`` (chain, static or dynamic tree) as deep as a ``length`` policy says."""
+
+    def __init__(self, head: EagleHead, shape, length: LengthPolicy, name: str = "eagle"):
+        self.head, self.shape, self.length, self.name = head, shape, length, name
         self.state = EagleState(head)
-        self._seeded_budget: TreeBudget | None = None
+        self._last: LastToken | None = None  # (token, feature) of the last token the target validated
 
     def begin(self, prompt: torch.Tensor, prefill_features: torch.Tensor, root: int) -> None:
         self.state = EagleState(self.head)
-        self._seeded_budget = None  # a seeded generation starts from a fresh budget state of its own
+        self.shape.begin()
         ids = prompt.reshape(-1).tolist()
         self._last = (ids[-1], prefill_features[-1])
         self.state.encode(prefill_features, ids[1:] + [root], 0)
 
+    def propose(self, req: DraftRequest) -> DraftTree:
+        depth, stop = self.length.plan(req, self._last, self.shape.chain)
+        depth = min(depth, req.max_depth)
+        if depth <= 0:
+            return DraftTree.root_only(req.root)
+        return self.shape.grow(self, req, depth, stop)
+
     def observe(self, committed: list[int], features: torch.Tensor, next_root: int) -> None:
-        if self.budget is not None and self._round is not None:
-            expected, t_start, t_draft, n = self._round
-            verify = self.budget.cost.verify(n)
-            if self._seeded_budget is not None:  # counters only: no measured time enters a seeded run
-                self._seeded_budget.observe(expected, len(committed) - 1, t_draft + verify, t_draft, verify)
-            else:
-                now = time.perf_counter()
-                self.budget.observe(expected, len(committed) - 1, now - t_start, t_draft, verify)
-            self._round = None
+        self.shape.observe(len(committed) - 1)
         self._last = (committed[-1], features[-1])
         self.state.encode(features, committed[1:] + [next_root], self.state.root_pos)
 
-    def predicted_length(self) -> int:
-        tok, feat = self._last
-        dev = self.head.fc.weight.device
-        emb = self.head.embed_tokens(torch.tensor(tok, device=dev))
-        return self.ldlp.predict(emb.float(), feat.float())
 
-    def round_depth(self, req: DraftRequest) -> int:
-        """The draft depth for this round: fixed, or the LDLP's prediction (plus slack for trees)."""
-        depth = self.depth
-        if self.length_policy == "ldlp" or (self.length_policy == "ldlp-threshold" and self.shape != "chain"):
-            k = self.predicted_length()
-            req.info["predicted_length"] = k
-            depth = k if self.shape == "chain" else max(1, k + self.depth_slack)
-        return min(depth, req.max_depth)
-
-    def stop_rule(self, req: DraftRequest):
-        """Chain early-stopping rule of the length policy (None: draft the full depth)."""
-        policy = self.length_policy
-        if policy == "threshold":
-            return lambda n, cum: cum < self.threshold
-        if policy == "ldlp-threshold":  # AdaEAGLE-DDD: stop only when both say stop
-            k = self.predicted_length()
-            req.info["predicted_length"] = k
-            return lambda n, cum: n >= k and cum < self.threshold
-        return None
-
-    def propose(self, req: DraftRequest) -> DraftTree:
-        depth = self.round_depth(req)
-        if depth <= 0:
-            return DraftTree.root_only(req.root)
-        st = self.state
-        if self.shape == "dynamic":
-            t0 = time.perf_counter()
-            budget, level = self.budget, None
-            if budget is not None and req.reproducible:
-                if self._seeded_budget is None:
-                    self._seeded_budget = TreeBudget(budget.cost, max_total=budget.max_total)
-                budget = self._seeded_budget
-                level = self.head.level_cost() * budget.cost.verify(1)  # modelled, not measured
-            total = self.total_tokens if budget is None else budget.max_total
-            tree = grow_dynamic_tree(st, req.root, depth, self.top_k, total, budget=budget, level_seconds=level)
-            if budget is not None:
-                t_draft = time.perf_counter() - t0 if level is None else level * (tree.max_depth + 1)
-                self._round = (tree.expected_accept or 0.0, t0, t_draft, tree.size)
-                req.info.update(tree_tokens=tree.size, depth=tree.max_depth,
-                                calibration=round(budget.calibration, 3))
-            return tree
-        if self.shape == "chain":
-            if not req.sampling.greedy:
-                return grow_sampled_chain(st, req.root, depth, lambda lp: warp_probs(lp, req.sampling),
-                                          req.generator, self.head.lm_head.weight.shape[0])
-            if self.length_policy == "oracle":
-                return self._oracle_chain(req, depth)
-            tree = grow_chain(st, req.root, depth, stop=self.stop_rule(req))
-            req.info["drafted"] = tree.size - 1
-            return tree
-        paths = [p for p in self.tree if len(p) <= depth]
-        return grow_static_tree(st, req.root, paths)
-
-    def _oracle_chain(self, req: DraftRequest, depth: int) -> DraftTree:
-        """Measurement only: draft until the first token the target will reject (known from a reference
-        run of plain decoding) and drop it: the chain length an oracle would choose."""
-        ref = self.reference or []
-        start = len(req.context)  # reference index of the first draft token (the root is context[-1])
-        if self.reference_fn is not None and ref[:start] != req.context:
-            t0 = time.perf_counter()
-            self.reference = ref = list(req.context) + self.reference_fn(list(req.context))
-            req.info["untimed"] = time.perf_counter() - t0  # the decode loop leaves it out of its clock
-        st = self.state
-        dev = self.head.fc.weight.device
-        lp = st.root_logprobs()
-        toks: list[int] = []
-        drafted = 0
-        for d in range(depth):
-            if start + d >= len(ref):
-                break
-            j = int(lp.argmax())
-            tok = j if st.vocab_ids is None else int(st.vocab_ids[j])
-            drafted += 1
-            if tok != ref[start + d]:
-                break
-            toks.append(tok)
-            if d + 1 == depth:
-                break
-            lp = st.expand(torch.tensor([tok], device=dev), torch.tensor([d - 1], device=dev),
-                           torch.ones(1, d + 1, dtype=torch.bool, device=dev), d + 1)[0]
-        req.info["drafted"] = drafted
-        return DraftTree.chain(req.root, toks, dev)
+# -- methods: a shape and a length policy each ---------------------------------------------------------------
 
 
-def make_budget(target, max_total: int = 64) -> TreeBudget:
-    """A TreeBudget with this machine's verify-cost curve for ``target`` (measured once, then cached)."""
+def make_budget(target, max_total: int = 64, min_total: int = 2) -> TreeBudget:
+    """A TreeBudget with this machine's verify-cost curve for ``target`` (measured on first use, then cached)."""
     from drafttree.target import TargetModel
 
-    return TreeBudget(cost_model_for(TargetModel(target.model), target.name), max_total=max_total)
+    return TreeBudget(cost_model_for(TargetModel(target.model), target.name), max_total=max_total,
+                      min_total=min_total)
 
 
 CHAIN_MAX = 8  # k_max of the adaptive chain policies
 
 
-def _ldlp_for(head: EagleHead, options: dict):
-    if options.get("ldlp") is not None:
-        return options.pop("ldlp")
+def _predictor(head: EagleHead, o: EagleOptions) -> LengthPredictor:
+    if o.ldlp is not None:
+        return LengthPredictor(head, o.ldlp)
     from drafttree.heads.length import load_length_predictor
 
     path = getattr(head, "path", None)
     if path is None:
         raise DraftTreeError("this head has no length predictor (LDLP) next to it; train one with "
                              "`drafttree train-length`")
-    return load_length_predictor(path, head.config.hidden_size)
+    return LengthPredictor(head, load_length_predictor(path, head.config.hidden_size))
 
 
-def make_eagle_drafter(method: str, target, head: EagleHead, **options) -> Drafter:
-    """EAGLE drafters by method name; options override the defaults (depth, top_k, total_tokens, ...)."""
-    if "top_k_draft" in options:
-        options["top_k"] = options.pop("top_k_draft")
-    if "k" in options:
-        options.setdefault("depth", options.pop("k"))
-    threshold = options.pop("threshold", None)
-    thr = {} if threshold is None else {"threshold": threshold}
-    if method == "eagle-chain":
-        return EagleDrafter(head, "chain", **{"depth": 4, **options}, name=method)
-    if method == "eagle1":
-        return EagleDrafter(head, "static", **{"depth": 5, **options}, name=method)
-    if method in ("eagle2", "eagle2-ldlp"):
-        opts = {"top_k": 8, "depth": 8, **options}
-        if str(opts.get("total_tokens", "auto")) == "auto":
-            opts["total_tokens"] = "auto"
-            opts["budget"] = make_budget(target, max_total=opts.pop("max_total", 64))
-        if method == "eagle2-ldlp":
-            opts.update(length_policy="ldlp", ldlp=_ldlp_for(head, opts))
-        return EagleDrafter(head, "dynamic", **opts, name=method)
-    chain = {"depth": CHAIN_MAX, **options}
-    if method == "eagle-chain-threshold":
-        return EagleDrafter(head, "chain", **chain, length_policy="threshold", name=method, **thr)
-    if method == "eagle-chain-ldlp":
-        return EagleDrafter(head, "chain", **chain, length_policy="ldlp", ldlp=_ldlp_for(head, chain), name=method)
-    if method == "eagle-chain-ldlp-threshold":
-        return EagleDrafter(head, "chain", **chain, length_policy="ldlp-threshold", ldlp=_ldlp_for(head, chain),
-                            name=method, **thr)
-    if method == "eagle-chain-oracle":
-        return EagleDrafter(head, "chain", **chain, length_policy="oracle", name=method)
-    raise DraftTreeError(f"unknown EAGLE method {method!r}")
+def _dynamic(target, o: EagleOptions) -> DynamicTreeShape:
+    if o.total_tokens == AUTO:
+        return DynamicTreeShape(o.top_k, budget=make_budget(target, max_total=o.max_total))
+    return DynamicTreeShape(o.top_k, total_tokens=o.total_tokens)
+
+
+EAGLE_METHODS = {  # method -> (shape, length policy) built from the options
+    "eagle-chain": lambda t, h, o: (ChainShape(), FixedLength(o.depth or 4)),
+    "eagle1": lambda t, h, o: (StaticTreeShape(o.tree), FixedLength(o.depth or 5)),
+    "eagle2": lambda t, h, o: (_dynamic(t, o), FixedLength(o.depth or 8)),
+    "eagle2-ldlp": lambda t, h, o: (_dynamic(t, o), PredictedLength(_predictor(h, o), o.depth_slack)),
+    "eagle-chain-threshold": lambda t, h, o: (ChainShape(), ConfidenceStop(o.depth or CHAIN_MAX, o.threshold)),
+    "eagle-chain-ldlp": lambda t, h, o: (ChainShape(), PredictedLength(_predictor(h, o))),
+    "eagle-chain-ldlp-threshold": lambda t, h, o: (
+        ChainShape(), PredictedLengthAndConfidence(_predictor(h, o), o.depth or CHAIN_MAX, o.threshold)),
+}
+
+
+def make_eagle_drafter(method: str, target, head: EagleHead, options: EagleOptions | dict | None = None,
+                       **kw) -> EagleDrafter:
+    """EAGLE drafters by method name; ``options`` (or keywords) override the method's defaults."""
+    if method not in EAGLE_METHODS:
+        raise DraftTreeError(f"unknown EAGLE method {method!r}; choose one of {', '.join(EAGLE_METHODS)}")
+    o = options if isinstance(options, EagleOptions) else parse_options(EagleOptions, method, {**(options or {}),
+                                                                                              **kw})
+    shape, length = EAGLE_METHODS[method](target, head, o)
+    return EagleDrafter(head, shape, length, name=method)

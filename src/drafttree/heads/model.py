@@ -28,9 +28,11 @@ from drafttree.errors import DraftTreeError
 FORMAT = "drafttree-eagle1"
 
 
-def _layer_config(target_config, num_layers: int):
+def _layer_config(target_config, num_layers: int, intermediate_size: int | None = None):
     cfg = copy.deepcopy(target_config)
     cfg.num_hidden_layers = num_layers
+    if intermediate_size:  # a head whose MLP width differs from the target's
+        cfg.intermediate_size = int(intermediate_size)
     if getattr(cfg, "layer_types", None):
         cfg.layer_types = ["full_attention"] * num_layers
     cfg._attn_implementation = "sdpa"
@@ -39,11 +41,11 @@ def _layer_config(target_config, num_layers: int):
 
 class EagleHead(nn.Module):
     def __init__(self, target_model: nn.Module, num_layers: int = 1, draft_vocab: torch.Tensor | None = None,
-                 target_name: str = "", fc_bias: bool = True):
+                 target_name: str = "", fc_bias: bool = True, intermediate_size: int | None = None):
         super().__init__()
         base = target_model.base_model
         self.target_config = target_model.config
-        self.config = _layer_config(target_model.config, num_layers)
+        self.config = _layer_config(target_model.config, num_layers, intermediate_size)
         self.target_name = target_name
         h = self.config.hidden_size
         layer_cls = type(base.layers[0])
@@ -190,8 +192,7 @@ def load_head(path: str | Path, target) -> EagleHead:
     draft_vocab = None if d2t is None else d2t.long() + torch.arange(d2t.numel())
     layers = meta.get("num_layers") or cfg.get("num_hidden_layers", 1)
     head = EagleHead(target.model, num_layers=int(layers), draft_vocab=draft_vocab, target_name=target.name,
-                     fc_bias=bool(cfg.get("bias", True)))
-    head.config.intermediate_size = cfg.get("intermediate_size", head.config.intermediate_size)
+                     fc_bias=bool(cfg.get("bias", True)), intermediate_size=cfg.get("intermediate_size"))
     missing, unexpected = head.load_state_dict(state, strict=False)
     if missing or unexpected:
         raise DraftTreeError(f"head {path}: weights do not match the architecture "

@@ -27,7 +27,7 @@ from importlib import resources
 
 import torch
 
-from drafttree.drafters import COMPOSED_METHODS, METHODS, needs_head
+from drafttree.drafters import METHODS, REGISTRY
 from drafttree.errors import DraftTreeError
 
 MAX_BODY_BYTES = 4 * 1024 * 1024
@@ -204,9 +204,9 @@ class App:
         self.quiet = quiet
         self.model_name = sm.target.name
         self.created = int(time.time())
-        self.methods = [m for m in METHODS if (m != "draft" or sm.draft is not None)
-                        and (not needs_head(m) or sm.head is not None)
-                        and (m not in COMPOSED_METHODS or sm.head is not None or sm.draft is not None)]
+        have = {"": True, "head": sm.head is not None, "draft": sm.draft is not None,
+                "model": sm.head is not None or sm.draft is not None}
+        self.methods = [m for m, spec in REGISTRY.items() if have[spec.needs]]
 
     def info(self) -> dict:
         t = self.sm.target

@@ -9,15 +9,12 @@ from drafttree.errors import DraftTreeError
 
 def cmd_serve(args) -> int:
     import drafttree
-    from drafttree.drafters import METHODS
     from drafttree.server.app import create_server
 
     if args.threads:
         import torch
 
         torch.set_num_threads(args.threads)
-    if args.method != "auto" and args.method not in METHODS:
-        raise DraftTreeError(f"unknown method {args.method!r}; choose one of auto, {', '.join(METHODS)}")
     if not 0 <= args.port <= 65535:
         raise DraftTreeError(f"--port must be in 0..65535, got {args.port}")
     sm = drafttree.SpeculativeModel.from_pretrained(

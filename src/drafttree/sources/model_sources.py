@@ -30,10 +30,6 @@ def prob_cells(raw_logp: torch.Tensor, depth: int) -> torch.Tensor:
     return (min(depth, DEPTHS) - 1) * (PROB_EDGES.numel() + 1) + bins
 
 
-def param_count(module: torch.nn.Module) -> int:
-    return sum(p.numel() for p in module.parameters())
-
-
 class ExpandingSource:
     """Shared expansion logic; subclasses provide the stepper (``_stepper``) and the cost per level."""
 
@@ -138,7 +134,7 @@ class DraftLMSource(ExpandingSource):
 
     def __init__(self, draft_model: torch.nn.Module, vocab_size: int, target_params: int, **kw):
         super().__init__(**kw)
-        from drafttree.drafters.draft_model import DraftLMState
+        from drafttree.drafters.draft_model import DraftLMState, param_count
 
         self.lm = DraftLMState(draft_model, vocab_size)
         self.cost = param_count(draft_model) / max(1, target_params)

@@ -1,0 +1,163 @@
+"""One options schema per drafter family, validated once.
+
+CLI flags, API keywords, server fields and benchmark specs (``eagle-chain:depth=3``) all arrive as a plain
+dict; :func:`parse_options` resolves aliases (in one place: :data:`ALIASES`), converts strings, checks ranges
+and rejects options the method does not take, each with a one-line error.
+"""
+
+from __future__ import annotations
+
+from dataclasses import MISSING, dataclass, field, fields
+from typing import Any, ClassVar, TypeVar
+
+from drafttree.errors import DraftTreeError
+
+AUTO = "auto"
+
+
+def _opt(default: Any, kind: str, low: float | None = None, doc: str = "") -> Any:
+    return field(default=default, metadata={"kind": kind, "low": low, "doc": doc})
+
+
+def _convert(name: str, kind: str, low: float | None, value: Any) -> Any:
+    if value is None:
+        return None
+    if kind == "bool":
+        if isinstance(value, bool):
+            return value
+        s = str(value).lower()
+        if s in ("1", "true", "yes", "on"):
+            return True
+        if s in ("0", "false", "no", "off"):
+            return False
+        raise DraftTreeError(f"{name} must be true or false, got {value!r}")
+    if kind == "size" and str(value).lower() == AUTO:
+        return AUTO
+    if kind in ("int", "size"):
+        if isinstance(value, bool) or (isinstance(value, float) and not value.is_integer()):
+            raise DraftTreeError(f"{name} must be an integer{' or auto' if kind == 'size' else ''}, got {value!r}")
+        try:
+            value = int(value)
+        except (TypeError, ValueError):
+            raise DraftTreeError(
+                f"{name} must be an integer{' or auto' if kind == 'size' else ''}, got {value!r}") from None
+    elif kind == "float":
+        try:
+            value = float(value)
+        except (TypeError, ValueError):
+            raise DraftTreeError(f"{name} must be a number, got {value!r}") from None
+    elif kind == "paths":
+        if not (isinstance(value, (list, tuple)) and value and all(
+                isinstance(p, (list, tuple)) and p and all(isinstance(i, int) and i >= 0 for i in p) for p in value)):
+            raise DraftTreeError(f"{name} must be a list of paths of child indices, e.g. [[0], [0, 0], [1]]")
+        return [list(p) for p in value]
+    elif kind == "str":
+        value = str(value)
+    if low is not None and kind in ("int", "size", "float") and value < low:
+        raise DraftTreeError(f"{name} must be >= {low:g}, got {value}")
+    return value
+
+
+# Aliases kept for old flags and specs, resolved here only: (schema-independent, per-schema).
+ALIASES = {"top_k_draft": "top_k"}
+
+
+@dataclass
+class NoOptions:
+    ALIASES: ClassVar[dict[str, str]] = {}
+
+
+@dataclass
+class LookupOptions:
+    """Prompt lookup: continuations of the context's latest n-gram found earlier in the context."""
+
+    ALIASES: ClassVar[dict[str, str]] = {"k": "num_tokens"}
+    max_ngram: int = _opt(3, "int", 1, "longest n-gram matched")
+    min_ngram: int = _opt(1, "int", 1, "shortest n-gram matched")
+    num_tokens: int = _opt(10, "int", 1, "tokens copied after a match")
+    max_candidates: int = _opt(4, "int", 1, "continuations merged into the tree")
+
+
+@dataclass
+class DraftLMOptions:
+    """A small draft LM: a chain, or a top-k tree with ``tree=True``."""
+
+    ALIASES: ClassVar[dict[str, str]] = {"k": "depth"}
+    depth: int = _opt(4, "int", 1, "draft length (tree depth)")
+    tree: bool = _opt(False, "bool", None, "draft a dynamic top-k tree instead of a chain")
+    top_k: int = _opt(4, "int", 1, "children per expanded node (trees)")
+    total_tokens: int | str = _opt(16, "size", 1, "tree tokens verified, or auto (fitted to this machine)")
+    max_total: int = _opt(32, "int", 2, "largest tree the auto budget may choose")
+
+
+@dataclass
+class EagleOptions:
+    """EAGLE head drafters; ``None`` means the method's own default (see drafters/eagle.py)."""
+
+    ALIASES: ClassVar[dict[str, str]] = {"k": "depth"}
+    depth: int | None = _opt(None, "int", 1, "draft depth / chain length")
+    top_k: int = _opt(8, "int", 1, "EAGLE-2 frontier width")
+    total_tokens: int | str = _opt(AUTO, "size", 1, "EAGLE-2 tree tokens, or auto (fitted to this machine)")
+    max_total: int = _opt(64, "int", 2, "largest tree the auto budget may choose")
+    threshold: float = _opt(-1.0, "float", None, "stop a chain when its cumulative log-prob falls below this")
+    tree: list | None = _opt(None, "paths", None, "EAGLE-1 static tree paths")
+    ldlp: Any = _opt(None, "object", None, "a trained length predictor (default: the one next to the head)")
+    depth_slack: int = _opt(1, "int", 0, "eagle2-ldlp: tree depth = predicted length + slack")
+
+
+@dataclass
+class HybridOptions:
+    """Every loaded source in one ranked tree (see drafters/hybrid.py)."""
+
+    ALIASES: ClassVar[dict[str, str]] = {}
+    sources: str = _opt("ngram+head+draft", "str", None, "sources to use, joined by +")
+    top_k: int = _opt(8, "int", 1, "model sources' frontier width")
+    depth: int = _opt(8, "int", 1, "model sources' deepest level")
+    total_tokens: int | str = _opt(AUTO, "size", 1, "tree tokens verified, or auto (fitted to this machine)")
+    max_total: int = _opt(64, "int", 2, "largest tree the auto budget may choose")
+    gate: bool = _opt(True, "bool", None, "run costly sources only while they pay")
+    max_ngram: int = _opt(4, "int", 1, "longest n-gram the suffix index matches")
+    num_tokens: int = _opt(12, "int", 1, "tokens per n-gram continuation")
+    max_candidates: int = _opt(8, "int", 1, "n-gram continuations per round")
+
+
+@dataclass
+class SwitchOptions:
+    """Prompt lookup when the context matches, else the model drafter."""
+
+    ALIASES: ClassVar[dict[str, str]] = {}
+    max_ngram: int = _opt(3, "int", 1, "prompt lookup: longest n-gram matched")
+    num_tokens: int = _opt(10, "int", 1, "prompt lookup: tokens copied after a match")
+    max_candidates: int = _opt(4, "int", 1, "prompt lookup: continuations per round")
+    top_k: int | None = _opt(None, "int", 1, "model drafter's frontier width")
+    depth: int | None = _opt(None, "int", 1, "model drafter's depth")
+    max_total: int | None = _opt(None, "int", 2, "model drafter's largest tree")
+
+
+S = TypeVar("S")
+
+
+def option_names(schema: type) -> list[str]:
+    return [f.name for f in fields(schema)]
+
+
+def parse_options(schema: type[S], method: str, raw: dict | None) -> S:
+    """Validate ``raw`` against ``schema`` for ``method``; unknown, repeated or bad values raise."""
+    names = {f.name: f for f in fields(schema)}
+    values: dict[str, Any] = {}
+    for key, value in (raw or {}).items():
+        name = key.replace("-", "_")
+        name = ALIASES.get(name, name)
+        name = schema.ALIASES.get(name, name)
+        if name not in names:
+            takes = ", ".join(sorted(names)) or "no options"
+            raise DraftTreeError(f"option {key!r} does not apply to method {method!r} (it takes: {takes})")
+        if name in values:
+            raise DraftTreeError(f"option {name!r} given twice for method {method!r}")
+        meta = names[name].metadata
+        label = name if key == name else f"{key} ({name})"
+        values[name] = value if meta["kind"] == "object" else _convert(label, meta["kind"], meta["low"], value)
+    for name, f in names.items():
+        if name not in values and f.default is MISSING:
+            raise DraftTreeError(f"method {method!r} needs option {name!r}")
+    return schema(**values)
