@@ -14,7 +14,7 @@ from drafttree.decode import DecodeStats, decode
 from drafttree.drafters.base import Drafter
 from drafttree.drafters.eagle import make_eagle_drafter
 from drafttree.errors import DraftTreeError
-from drafttree.heads.model import EagleHead, load_head
+from drafttree.heads import EagleHead, load_head
 from drafttree.models import LoadedModel
 from drafttree.target import TargetModel
 from tests.conftest import tiny_causal_lm

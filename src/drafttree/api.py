@@ -100,7 +100,7 @@ class SpeculativeModel:
         self.head = head
         self.method = self._resolve_method(method)
         self.method_options = method_options
-        self._runner = TargetModel(target.model)
+        self._runner = TargetModel(target.model, feature_layers=getattr(head, "aux_layers", None))
         self._drafters: dict[tuple, Drafter] = {}
         self.tokenizer = target.tokenizer
         self.eos_ids = target.eos_token_ids()

@@ -20,7 +20,9 @@ from drafttree.errors import DraftTreeError
 @dataclass
 class ForwardOutput:
     logits: torch.Tensor  # [n, vocab] float32: next-token logits at every input position
-    features: torch.Tensor  # [n, hidden] the LM head's input (last hidden state after the final norm)
+    # [n, hidden] the LM head's input (last hidden state after the final norm); with ``feature_layers``,
+    # [n, k * hidden]: the inputs of those layers side by side (what an EAGLE-3 head drafts from)
+    features: torch.Tensor
 
 
 def tree_attention_mask(
@@ -47,8 +49,9 @@ def tree_attention_mask(
 class TargetModel:
     """Prefill, tree forward, commit and crop over one sequence (batch size 1)."""
 
-    def __init__(self, model: torch.nn.Module):
+    def __init__(self, model: torch.nn.Module, feature_layers: list[int] | None = None):
         self.model = model
+        self.feature_layers = list(feature_layers) if feature_layers else None
         self.base = model.base_model
         self.lm_head = model.get_output_embeddings()
         self.config = model.config
@@ -106,14 +109,14 @@ class TargetModel:
         if self.has_sliding:
             causal = torch.tril(torch.ones(n, n, dtype=torch.bool, device=self.device))
             mask = self._masks(causal, positions, positions)
-        out = self.base(
+        out, aux = self._run(
             input_ids=ids, attention_mask=mask, position_ids=positions[None], past_key_values=self.cache,
             use_cache=True,
         )
         feats = out.last_hidden_state[0]
         self.length = n
         head_in = feats if logits_for == "all" else feats[-1:]
-        return ForwardOutput(logits=self.logits(head_in), features=feats)
+        return ForwardOutput(logits=self.logits(head_in), features=feats if aux is None else aux)
 
     @torch.inference_mode()
     def forward_tree(self, tokens: torch.Tensor, depths: torch.Tensor, ancestors: torch.Tensor) -> ForwardOutput:
@@ -137,7 +140,7 @@ class TargetModel:
         m = tokens.shape[0]
         positions = positions.to(self.device)
         tail_pos = torch.cat([self._pending_pos, positions]) if self._pending else positions
-        out = self.base(
+        out, aux = self._run(
             input_ids=tokens.reshape(1, m).to(self.device),
             attention_mask=self._masks(attend.to(self.device), positions, tail_pos),
             position_ids=positions[None],
@@ -147,7 +150,27 @@ class TargetModel:
         self._pending += m
         self._pending_pos = tail_pos
         feats = out.last_hidden_state[0]
-        return ForwardOutput(logits=self.logits(feats), features=feats)
+        return ForwardOutput(logits=self.logits(feats), features=feats if aux is None else aux)
+
+    def _run(self, **kw):
+        """The stock forward; with ``feature_layers``, forward pre-hooks also catch those layers' inputs."""
+        if not self.feature_layers:
+            return self.base(**kw), None
+        caught: dict[int, torch.Tensor] = {}
+        layers = self.base.layers
+
+        def catch(i):
+            def hook(module, args, kwargs):
+                caught[i] = args[0] if args else kwargs["hidden_states"]
+            return hook
+
+        handles = [layers[i].register_forward_pre_hook(catch(i), with_kwargs=True) for i in self.feature_layers]
+        try:
+            out = self.base(**kw)
+        finally:
+            for h in handles:
+                h.remove()
+        return out, torch.cat([caught[i][0] for i in self.feature_layers], dim=-1)
 
     @torch.inference_mode()
     def commit(self, nodes: list[int] | torch.Tensor) -> None:

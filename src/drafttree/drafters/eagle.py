@@ -113,7 +113,7 @@ class ChainShape:
         st = drafter.state
         if not req.sampling.greedy:
             return grow_sampled_chain(st, req.root, depth, lambda lp: warp_probs(lp, req.sampling),
-                                      req.generator, drafter.head.lm_head.weight.shape[0])
+                                      req.generator, drafter.head.target_vocab_size)
         tree = grow_chain(st, req.root, depth, stop=stop)
         req.info["drafted"] = tree.size - 1
         return tree
@@ -215,6 +215,9 @@ CHAIN_MAX = 8  # k_max of the adaptive chain policies
 
 
 def _predictor(head: EagleHead, o: EagleOptions) -> LengthPredictor:
+    if getattr(head, "kind", "eagle") != "eagle":
+        raise DraftTreeError("the AdaEAGLE length predictor reads the target's last hidden state: it works with "
+                             "EAGLE-1/2 heads, not with this EAGLE-3 head")
     if o.ldlp is not None:
         return LengthPredictor(head, o.ldlp)
     from drafttree.heads.length import load_length_predictor

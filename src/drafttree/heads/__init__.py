@@ -5,7 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 
 from drafttree.errors import DraftTreeError
-from drafttree.heads.model import EagleHead, load_head, read_head_config
+from drafttree.heads.eagle3 import Eagle3Head
+from drafttree.heads.loading import load_head, read_head_config
+from drafttree.heads.model import EagleHead
 
 ASSETS = Path(__file__).resolve().parent.parent / "assets" / "heads"
 
@@ -15,7 +17,7 @@ def shipped_head_dir(target_name: str) -> Path | None:
     return d if (d / "model.safetensors").exists() else None
 
 
-def load_head_for(target, path: str | None = None, required: bool = False) -> EagleHead | None:
+def load_head_for(target, path: str | None = None, required: bool = False) -> EagleHead | Eagle3Head | None:
     """The head at ``path``, or the one shipped for ``target`` when ``path`` is None (None if none ships)."""
     if path is None:
         d = shipped_head_dir(target.name)
@@ -28,4 +30,4 @@ def load_head_for(target, path: str | None = None, required: bool = False) -> Ea
     return load_head(path, target)
 
 
-__all__ = ["EagleHead", "load_head", "load_head_for", "read_head_config", "shipped_head_dir"]
+__all__ = ["Eagle3Head", "EagleHead", "load_head", "load_head_for", "read_head_config", "shipped_head_dir"]

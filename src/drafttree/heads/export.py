@@ -1,7 +1,10 @@
-"""Export a drafttree head for serving engines: SGLang (EAGLE-2), vLLM (EAGLE-1) or the EAGLE repo.
+"""Export a head for serving engines: SGLang, vLLM, the EAGLE repo, vLLM's speculators.
 
-All three read EAGLE-1's layout: ``fc`` (2H -> H) + ``layers.0.*`` (a Llama decoder layer without
-``input_layernorm``), the target's embeddings and LM head reused at run time. What differs is the config:
+EAGLE-3 heads (any layout :mod:`drafttree.heads.loading` reads) are rewritten by
+:func:`drafttree.heads.eagle3_format.write_eagle3` in the layout each reader loads, aux layer ids in its
+convention. EAGLE-1/2 heads: all three EAGLE-1 readers take EAGLE-1's layout: ``fc`` (2H -> H) +
+``layers.0.*`` (a Llama decoder layer without ``input_layernorm``), the target's embeddings and LM head
+reused at run time. What differs is the config:
   * sglang: ``architectures: ["LlamaForCausalLMEagle"]`` (``--speculative-algorithm EAGLE``);
   * vllm:   ``architectures: ["LlamaForCausalLM"]``, 1 layer; vLLM wraps it as ``EagleLlamaForCausalLM``
             (``speculative_config={"method": "eagle", ...}``). vLLM's EAGLE-1 ``fc`` has no bias: a head
@@ -16,24 +19,63 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from safetensors.torch import load_file, save_file
+from safetensors.torch import save_file
 
 from drafttree.errors import DraftTreeError
-from drafttree.heads.model import read_head_config
+from drafttree.heads.eagle3_format import read_eagle3, write_eagle3
+from drafttree.heads.loading import head_layout, read_head_config, read_weights
 
-FORMATS = ("sglang", "vllm", "eagle")
+FORMATS = ("sglang", "vllm", "eagle", "speculators")
 LLAMA_LIKE = {"llama", "mistral", "qwen2"}
+
+
+def _write(out: Path, cfg: dict, state: dict, usage: str, warnings: list[str], head_dir, target: dict) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    save_file({k: v.contiguous() for k, v in state.items()}, str(out / "model.safetensors"), metadata={"format": "pt"})
+    (out / "config.json").write_text(json.dumps(cfg, indent=1))
+    (out / "README.md").write_text(
+        f"# EAGLE head for {target.get('name', '?')}\n\nExported by drafttree from {head_dir}.\n\n"
+        f"```\n{usage}\n```\n" + "".join(f"\nNote: {w}\n" for w in warnings))
+
+
+def export_eagle3(head_dir, cfg: dict, state: dict, layout: str, out: Path, fmt: str) -> dict:
+    ck = read_eagle3(cfg, {k.removeprefix("model."): v for k, v in state.items()}, layout, where=str(head_dir))
+    out_cfg, out_state = write_eagle3(ck, fmt)
+    name = ck.target.get("name") or "TARGET"
+    usage = {
+        "sglang": f"python -m sglang.launch_server --model {name} --speculative-algorithm EAGLE3 "
+                  f"--speculative-draft-model-path {out} --speculative-num-steps 5 --speculative-eagle-topk 8 "
+                  "--speculative-num-draft-tokens 32",
+        "vllm": f"vllm serve {name} --speculative-config "
+                f"'{{\"method\": \"eagle3\", \"model\": \"{out}\", \"num_speculative_tokens\": 4}}'",
+        "speculators": f"vllm serve {out}   # the config names its verifier ({name})",
+        "eagle": f"EaModel.from_pretrained(base_model_path=..., ea_model_path='{out}', use_eagle3=True)",
+    }[fmt]
+    warnings = []
+    if fmt == "eagle" and ck.aux_layers is not None and ck.target.get("num_hidden_layers"):
+        n = ck.target["num_hidden_layers"]
+        if list(ck.aux_layers) != [2, n // 2, n - 3]:
+            warnings.append(f"the EAGLE repo always fuses layers 2, L/2, L-3; this head fuses {ck.aux_layers}")
+    _write(out, out_cfg, out_state, usage, warnings, head_dir, ck.target)
+    return {"format": fmt, "out": str(out), "keys": sorted(out_state), "warnings": warnings, "usage": usage}
 
 
 def export_head(head_dir: str | Path, out_dir: str | Path, fmt: str) -> dict:
     if fmt not in FORMATS:
         raise DraftTreeError(f"unknown export format {fmt!r}; choose one of {', '.join(FORMATS)}")
     cfg = read_head_config(head_dir)
+    state = read_weights(head_dir)
+    layout = head_layout(cfg, state)
+    if layout != "eagle1":
+        return export_eagle3(head_dir, cfg, state, layout, Path(out_dir), fmt)
+    if fmt == "speculators":
+        raise DraftTreeError("the speculators export is for EAGLE-3 heads; export EAGLE-1 heads as sglang, vllm "
+                             "or eagle")
     meta = cfg.get("drafttree", {})
     mtype = cfg.get("model_type")
     if mtype not in LLAMA_LIKE:
         raise DraftTreeError(f"{fmt} loads EAGLE-1 heads as Llama decoder layers; this head's layer is {mtype!r}")
-    state = load_file(str(Path(head_dir) / "model.safetensors"))
+    state.pop("embed_tokens.weight", None)
     state.pop("d2t", None)
     state.pop("t2d", None)
     layers = meta.get("num_layers", 1)
@@ -56,9 +98,6 @@ def export_head(head_dir: str | Path, out_dir: str | Path, fmt: str) -> dict:
     if mtype == "qwen2" and fmt != "sglang":
         warnings.append("a Qwen2 head exported as a Llama layer relies on attention_bias=true being honoured")
     out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    save_file({k: v.contiguous() for k, v in state.items()}, str(out / "model.safetensors"), metadata={"format": "pt"})
-    (out / "config.json").write_text(json.dumps(out_cfg, indent=1))
     target = meta.get("target", {})
     usage = {
         "sglang": f"python -m sglang.launch_server --model {target.get('name', 'TARGET')} "
@@ -68,15 +107,14 @@ def export_head(head_dir: str | Path, out_dir: str | Path, fmt: str) -> dict:
                 f"'{{\"method\": \"eagle\", \"model\": \"{out}\", \"num_speculative_tokens\": 4}}'",
         "eagle": f"EaModel.from_pretrained(base_model_path=..., ea_model_path='{out}', use_eagle3=False)",
     }[fmt]
-    (out / "README.md").write_text(
-        f"# EAGLE head for {target.get('name', '?')} ({fmt} format)\n\nExported by drafttree from {head_dir}.\n\n"
-        f"```\n{usage}\n```\n" + "".join(f"\nNote: {w}\n" for w in warnings))
+    _write(out, out_cfg, state, usage, warnings, head_dir, target)
     return {"format": fmt, "out": str(out), "keys": sorted(state), "warnings": warnings, "usage": usage}
 
 
 def add_parser(sub) -> None:
-    p = sub.add_parser("export-head", help="write a head in the format SGLang, vLLM or the EAGLE repo loads")
-    p.add_argument("head", help="head directory (config.json + model.safetensors)")
+    p = sub.add_parser("export-head",
+                       help="write a head in the layout SGLang, vLLM, speculators or the EAGLE repo loads")
+    p.add_argument("head", help="head directory (config.json + model.safetensors or pytorch_model.bin)")
     p.add_argument("out", help="output directory")
     p.add_argument("--format", default="sglang", choices=FORMATS)
     p.set_defaults(func=_cmd)

@@ -9,7 +9,8 @@ target's feature at t+1, which the target's frozen LM head turns into draft logi
 Checkpoint: ``config.json`` + ``model.safetensors`` with EAGLE-1's keys (``fc.weight``, ``fc.bias``,
 ``layers.0.*``). Embeddings and LM head are the target's and are not stored. Optional ``d2t`` / ``t2d``
 (EAGLE-3 convention) describe a reduced draft vocabulary: draft id i is token ``i + d2t[i]``.
-``config.json['drafttree']`` records the target the head was trained for. Safetensors only.
+``config.json["drafttree"]`` records the target the head was trained for. Loading (any published layout):
+:mod:`drafttree.heads.loading`.
 """
 
 from __future__ import annotations
@@ -20,10 +21,8 @@ import os
 from pathlib import Path
 
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import save_file
 from torch import nn
-
-from drafttree.errors import DraftTreeError
 
 FORMAT = "drafttree-eagle1"
 
@@ -40,6 +39,7 @@ def _layer_config(target_config, num_layers: int, intermediate_size: int | None 
 
 
 class EagleHead(nn.Module):
+    kind = "eagle"  # EAGLE-1/2 layout: drafts from the target's last hidden state
     def __init__(self, target_model: nn.Module, num_layers: int = 1, draft_vocab: torch.Tensor | None = None,
                  target_name: str = "", fc_bias: bool = True, intermediate_size: int | None = None):
         super().__init__()
@@ -72,6 +72,10 @@ class EagleHead(nn.Module):
     @property
     def lm_head(self) -> nn.Module:
         return self._lm_head[0]
+
+    @property
+    def target_vocab_size(self) -> int:
+        return self.lm_head.weight.shape[0]
 
     def level_cost(self) -> float:
         """One drafting level's cost in target forwards: the bytes it reads (its layers and its LM-head rows)
@@ -110,9 +114,6 @@ class EagleHead(nn.Module):
 
     def save(self, path: str | Path, dtype: torch.dtype | None = torch.bfloat16, extra: dict | None = None) -> None:
         """Write config.json + model.safetensors atomically (a temp dir renamed into place)."""
-        path = Path(path)
-        tmp = path.with_name(path.name + f".tmp{os.getpid()}")
-        tmp.mkdir(parents=True, exist_ok=True)
         state = {k: (v.to(dtype) if dtype is not None and v.is_floating_point() else v).contiguous().cpu()
                  for k, v in self.trainable_state().items()}
         if self.draft_vocab is not None:
@@ -121,7 +122,6 @@ class EagleHead(nn.Module):
             t2d = torch.zeros(self.target_config.vocab_size, dtype=torch.bool)
             t2d[ids] = True
             state["t2d"] = t2d
-        save_file(state, str(tmp / "model.safetensors"), metadata={"format": "pt"})
         cfg = self.config.to_dict()
         for k in ("_attn_implementation_autoset", "transformers_version", "_name_or_path"):
             cfg.pop(k, None)
@@ -134,16 +134,29 @@ class EagleHead(nn.Module):
             "target": target_signature(self.target_config, self.target_name, self.lm_head.weight.shape[0]),
             **(extra or {}),
         }
-        (tmp / "config.json").write_text(json.dumps(cfg, indent=1, default=str))
-        if path.exists():
-            old = path.with_name(path.name + f".old{os.getpid()}")
-            os.replace(path, old)
-            os.replace(tmp, path)
-            for f in old.iterdir():
-                f.unlink()
-            old.rmdir()
-        else:
-            os.replace(tmp, path)
+        write_checkpoint(path, cfg, state)
+
+
+def write_checkpoint(path: str | Path, cfg: dict, state: dict[str, torch.Tensor],
+                     weights: str = "model.safetensors") -> None:
+    """Write config.json + weights atomically (a temp dir renamed into place)."""
+    path = Path(path)
+    tmp = path.with_name(path.name + f".tmp{os.getpid()}")
+    tmp.mkdir(parents=True, exist_ok=True)
+    if weights.endswith(".bin"):
+        torch.save(state, tmp / weights)
+    else:
+        save_file(state, str(tmp / weights), metadata={"format": "pt"})
+    (tmp / "config.json").write_text(json.dumps(cfg, indent=1, default=str))
+    if path.exists():
+        old = path.with_name(path.name + f".old{os.getpid()}")
+        os.replace(path, old)
+        os.replace(tmp, path)
+        for f in old.iterdir():
+            f.unlink()
+        old.rmdir()
+    else:
+        os.replace(tmp, path)
 
 
 def target_signature(config, name: str, vocab_size: int) -> dict:
@@ -151,53 +164,3 @@ def target_signature(config, name: str, vocab_size: int) -> dict:
     return {"name": name, "architecture": arch, "model_type": config.model_type,
             "hidden_size": config.hidden_size, "vocab_size": int(vocab_size),
             "num_hidden_layers": config.num_hidden_layers}
-
-
-def read_head_config(path: str | Path) -> dict:
-    path = Path(path)
-    if not path.exists():
-        raise DraftTreeError(f"head not found: {path}")
-    if not (path / "config.json").exists() or not (path / "model.safetensors").exists():
-        raise DraftTreeError(f"{path} is not a head directory (needs config.json and model.safetensors)")
-    try:
-        return json.loads((path / "config.json").read_text())
-    except json.JSONDecodeError:
-        raise DraftTreeError(f"{path}/config.json is not valid JSON") from None
-
-
-def load_head(path: str | Path, target) -> EagleHead:
-    """Load a head for ``target`` (a LoadedModel), refusing one trained for a different model."""
-    cfg = read_head_config(path)
-    meta = cfg.get("drafttree", {})
-    sig = meta.get("target", {})
-    tcfg = target.model.config
-    vocab = target.vocab_size
-    problems = []
-    if cfg.get("hidden_size") != tcfg.hidden_size:
-        problems.append(f"hidden size {cfg.get('hidden_size')} vs target {tcfg.hidden_size}")
-    if sig.get("vocab_size", cfg.get("vocab_size")) != vocab:
-        problems.append(f"vocab size {sig.get('vocab_size', cfg.get('vocab_size'))} vs target {vocab}")
-    if sig.get("model_type", cfg.get("model_type")) != tcfg.model_type:
-        problems.append(f"architecture {sig.get('model_type', cfg.get('model_type'))} vs target {tcfg.model_type}")
-    if problems:
-        trained = sig.get("name") or "another model"
-        raise DraftTreeError(f"head {path} was trained for {trained} and does not fit {target.name}: "
-                             + "; ".join(problems))
-    try:
-        state = load_file(str(Path(path) / "model.safetensors"), device="cpu")
-    except Exception as e:
-        raise DraftTreeError(f"{path}/model.safetensors is unreadable ({e})") from None
-    d2t = state.pop("d2t", None)
-    state.pop("t2d", None)
-    draft_vocab = None if d2t is None else d2t.long() + torch.arange(d2t.numel())
-    layers = meta.get("num_layers") or cfg.get("num_hidden_layers", 1)
-    head = EagleHead(target.model, num_layers=int(layers), draft_vocab=draft_vocab, target_name=target.name,
-                     fc_bias=bool(cfg.get("bias", True)), intermediate_size=cfg.get("intermediate_size"))
-    missing, unexpected = head.load_state_dict(state, strict=False)
-    if missing or unexpected:
-        raise DraftTreeError(f"head {path}: weights do not match the architecture "
-                             f"(missing {missing[:3]}, unexpected {unexpected[:3]})")
-    head.to(device=target.device, dtype=target.dtype).eval().requires_grad_(False)
-    head.meta = meta
-    head.path = Path(path)
-    return head
