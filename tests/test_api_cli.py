@@ -121,8 +121,21 @@ def test_cli_json_compare(capsys):
     (["generate", "hi", "--model", "nonexistent-model-xyz"], "unknown model"),
     (["generate", "hi", "--model", "/nope/m.gguf"], "not found"),
     (["generate", "hi", "--method", "draft", "--dtype", "float32"], "draft model"),
+    (["generate", "hi", "--method", "lookup", "--depth", "3"], "option 'depth' does not apply to method 'lookup'"),
+    (["generate", "hi", "--method", "eagle2", "--total-tokens", "many"], "total_tokens must be an integer or auto"),
+    (["generate", "hi", "--method", "eagle-chain", "--k", "0"], "k (depth) must be >= 1"),
 ])
 def test_cli_errors_are_one_line(capsys, argv, msg):
     rc, out, err = _cli(capsys, *argv)
     assert rc == 2
     assert msg in err and "Traceback" not in err and len(err.strip().splitlines()) == 1
+
+
+def test_cli_calibrate_prints_the_cached_curve(capsys):
+    rc, out, err = _cli(capsys, "calibrate", "--dtype", "float32")
+    assert rc == 0, err
+    rows = [line.split() for line in out.splitlines()[2:]]
+    sizes = [int(r[0]) for r in rows]
+    assert sizes[0] == 1 and sizes == sorted(sizes) and len(sizes) >= 6
+    assert [float(r[2]) for r in rows][0] == 1.0
+    assert out.split(": ", 1)[1].splitlines()[0].endswith(".json")

@@ -4,10 +4,14 @@ from __future__ import annotations
 
 import json
 import random
+import re
 
 import pytest
 
 from drafttree.train import prompts as P
+from drafttree.train.prompts import assemble as A
+from drafttree.train.prompts import engine as E
+from drafttree.train.prompts import generated as G
 
 BENCH_QUESTIONS = [
     "Who played anna in once upon a time?",
@@ -117,6 +121,24 @@ def test_allocate_proportional_and_fills_shortfall():
     assert P.allocate(10, {"a": 0, "b": 100}) == {"a": 0, "b": 10}
 
 
+def test_allocate_does_not_depend_on_set_order():
+    # a real case (seed 1, 3000 prompts, the "qa" category) where a plain float sum over the set of active
+    # sources depended on the salted string hashes; renaming the keys reorders the set, not the sorted keys
+    avail = {"inspect_evals/freshqa": 601, "evals/logiqa": 1205, "evals/medmcqa": 300, "evals/us_tort_law": 340,
+             "evals/cissp": 143, "evals/test_comp_sci": 38, "evals/emotional-intelligence": 100,
+             "evals/moral_exceptQA": 148, "evals/ambiguous-sentences": 60, "evals/quartz": 3856,
+             "evals/socialiqa": 2218, "evals/crepe": 1520, "evals/born_first": 113, "evals/which_is_heavier": 183,
+             "evals/premature-conclusions": 15, "evals/logic-riddles": 47, "evals/unsolvable_questions": 299,
+             "templates/knowledge": 282}
+    base = P.allocate(450, avail, P.SOURCE_WEIGHTS)
+    assert base["evals/logiqa"] == 38 and base["evals/socialiqa"] == 22
+    for i in range(40):
+        pre = f"p{i}/"
+        got = P.allocate(450, {pre + k: v for k, v in avail.items()},
+                         {pre + k: w for k, w in P.SOURCE_WEIGHTS.items()})
+        assert {k[len(pre):]: v for k, v in got.items()} == base
+
+
 def test_mix_category_quotas():
     picked, info = P.mix(_pool(), 100, seed=0)
     cats = {cat: sum(c.category == cat for c in picked) for cat in P.CATEGORY_WEIGHTS}
@@ -190,7 +212,7 @@ def test_write_jsonl_format(tmp_path):
     picked, _ = P.mix(_pool(), 20, seed=0)
     out = tmp_path / "sub" / "prompts.jsonl"
     P.write_jsonl(out, picked)
-    rows = list(P.iter_records(out))
+    rows = [json.loads(line) for line in out.read_text(encoding="utf-8").splitlines()]
     assert len(rows) == 20
     for row in rows:
         assert set(row) == {"id", "source", "category", "messages"}
@@ -340,14 +362,15 @@ def test_word_problems_deterministic_varied_and_question_like():
         assert "?" in x.text, x.text
         assert "{" not in x.text and "  " not in x.text and ".." not in x.text and " a a" not in x.text
     # many different people and numbers
-    names = {n for x in a for n in P._NAMES_F + P._NAMES_M if n in x.text}
+    lists = P.load_data("word_problems")["lists"]
+    names = {n for x in a for n in lists["NAMES_F"] + lists["NAMES_M"] if n in x.text}
     assert len(names) > 30
 
 
 def test_every_word_problem_template_runs_for_many_seeds():
     for tpl in P.WORD_PROBLEM_TEMPLATES:
         texts = {tpl(random.Random(s)) for s in range(60)}
-        assert len(texts) > 30, tpl.__name__
+        assert len(texts) > 30, tpl.name
 
 
 def test_chat_knowledge_and_code_templates():
@@ -387,9 +410,9 @@ def test_bigbench_is_off_by_default(tmp_path, monkeypatch):
         calls.append(args)
         raise RuntimeError("no bigbench here")
 
-    monkeypatch.setattr(P, "fetch_package", offline)
-    monkeypatch.setattr(P, "fetch_bigbench", bigbench)
-    monkeypatch.setattr(P, "stdlib_functions", lambda show_progress=True: [])
+    monkeypatch.setattr(A, "fetch_package", offline)
+    monkeypatch.setattr(A, "fetch_bigbench", bigbench)
+    monkeypatch.setattr(A, "stdlib_functions", lambda show_progress=True: [])
     with pytest.warns(UserWarning):
         cands, notes = P.collect_candidates(tmp_path, seed=0, show_progress=False)
     assert calls == []
@@ -409,11 +432,24 @@ def test_cli_include_bigbench_flag(monkeypatch, tmp_path):
         seen.update(kwargs)
         return {}
 
+    from drafttree.cli import main
+
     monkeypatch.setattr(P, "assemble_prompts", fake)
-    P.main(["--out", str(tmp_path / "p.jsonl"), "--quiet"])
+    assert main(["data", "prompts", "--out", str(tmp_path / "p.jsonl"), "--quiet"]) == 0
     assert seen["include_bigbench"] is False
-    P.main(["--out", str(tmp_path / "p.jsonl"), "--quiet", "--include-bigbench"])
+    main(["data", "prompts", "--out", str(tmp_path / "p.jsonl"), "--quiet", "--include-bigbench"])
     assert seen["include_bigbench"] is True
+
+
+def test_cli_passes_every_prompts_option(monkeypatch, tmp_path):
+    from drafttree.cli import main
+
+    seen = {}
+    monkeypatch.setattr(P, "assemble_prompts", lambda *args, **kwargs: seen.update(args=args, **kwargs) or {})
+    main(["data", "prompts", "--out", "o.jsonl", "--n", "12", "--seed", "3", "--sources-dir", "src-dir",
+          "--bench-dir", "bench-dir"])
+    assert seen == {"args": ("o.jsonl", 12), "seed": 3, "sources_dir": "src-dir", "bench_dir": "bench-dir",
+                    "show_progress": True, "include_bigbench": False}
 
 
 @pytest.mark.parametrize("text,expected", [("Hello world, fine.", True), ("你好世界", False), ("", False)])
@@ -443,9 +479,76 @@ def test_read_bigbench_from_sdist_and_zip(tmp_path):
 
 
 def test_find_archive(tmp_path):
+    from drafttree.train.prompts.sources import _find_archive
+
     (tmp_path / "inspect_evals-0.26.0-py3-none-any.whl").write_bytes(b"")
     (tmp_path / "evals-3.0.1.post1-py3-none-any.whl").write_bytes(b"")
-    assert P._find_archive(tmp_path, "inspect-evals", "0.26.0").name.startswith("inspect_evals-0.26.0")
-    assert P._find_archive(tmp_path, "evals", "3.0.1.post1").name.startswith("evals-3.0.1")
-    assert P._find_archive(tmp_path, "evals", "3.0.2") is None
-    assert P._find_archive(tmp_path / "missing", "evals", "3.0.1.post1") is None
+    assert _find_archive(tmp_path, "inspect-evals", "0.26.0").name.startswith("inspect_evals-0.26.0")
+    assert _find_archive(tmp_path, "evals", "3.0.1.post1").name.startswith("evals-3.0.1")
+    assert _find_archive(tmp_path, "evals", "3.0.2") is None
+    assert _find_archive(tmp_path / "missing", "evals", "3.0.1.post1") is None
+
+
+# ---- the template language and the data files
+
+
+def test_data_files_load_and_compile():
+    assert len(P.WORD_PROBLEM_TEMPLATES) == len(P.load_data("word_problems")["problems"])
+    assert len({t.name for t in P.WORD_PROBLEM_TEMPLATES}) == len(P.WORD_PROBLEM_TEMPLATES)
+    for name in ("chat", "knowledge", "code"):
+        data, sections = G.load_sections(name)
+        assert sections and data["source"].startswith("templates/") and data["category"] in P.CATEGORY_WEIGHTS
+    assert set(P.CATEGORY_WEIGHTS) == {"writing", "chat", "qa", "math", "code", "summarization", "extraction"}
+    assert all(c in P.CATEGORY_WEIGHTS for _, _, c, _ in P.EVALS_SETS)
+    assert len(P.BIGBENCH_TASKS) == 13 and P.BIGBENCH_SUBSET == "bigbench-1.0.0-tasks.zip"
+    writing = P.load_data("writing")
+    assert "murder" in P.GRIM_NOUNS and writing["WRITING_TEMPLATES"] and writing["SUMMARY_INSTRUCTIONS"]
+    assert isinstance(writing["ROLES"], tuple)  # arrays are read-only tuples
+
+
+@pytest.mark.parametrize("template,message", [
+    ("Hello {name", "unclosed '{'"),
+    ("Hello name}", "single '}'"),
+    ("Hello {}", "empty field"),
+    ("{x +}", "bad expression"),
+    ("{__import__('os').system('true')}", "not allowed"),
+    ("{p.__class__}", "attribute .__class__ is not allowed"),
+    ("{text.upper()}", "not allowed"),
+    ("{(lambda: 1)()}", "not allowed"),
+    ("{x ** 2}", "operator Pow is not allowed"),
+    ("{x!r}", "bad expression"),
+    ("{f'{x!r}'}", "conversions are not allowed"),
+])
+def test_engine_rejects_malformed_templates(template, message):
+    with pytest.raises(P.TemplateError, match=re.escape(message)):
+        E.compile_template(template)
+
+
+def test_engine_rejects_malformed_steps_with_their_place():
+    with pytest.raises(P.TemplateError, match=r"bad\.json, step 2: .*'sai'"):
+        E.compile_steps([{"let": {"x": "randint(1, 3)"}}, {"sai": "x is {x}"}], "bad.json")
+    with pytest.raises(P.TemplateError, match=r"bad\.json, step 1: in expression 'open\(x\)'"):
+        E.compile_steps([{"let": {"y": "open(x)"}, "say": "{y}"}], "bad.json")
+    with pytest.raises(P.TemplateError, match="last step must be an unconditional 'say'"):
+        E.compile_steps([{"if": "random() < 0.5", "say": "maybe"}], "bad.json")
+    with pytest.raises(P.TemplateError, match="cannot assign to x\\[0\\]"):
+        E.compile_steps([{"let": {"x[0]": "1"}, "say": "{x}"}], "bad.json")
+    with pytest.raises(P.TemplateError, match="unknown name 'nope'"):
+        E.render("{nope}", E.Scope({}))
+    with pytest.raises(P.TemplateError, match="no random generator"):
+        E.render("{choice(XS)}", E.Scope({"XS": (1, 2)}))
+
+
+def test_engine_draws_in_written_order():
+    steps = E.compile_steps([
+        {"let": {"a, b": "randint(1, 9), choice(XS)", "c": "b if a > 100 else randint(1, 9)"}},
+        {"if": "a > 100", "say": "never {choice(XS)}"},
+        {"say": ["{a}-{b}-{c}-{money(a * 1.5)}", "{c}+{choice(XS)}:{num(a / 4)}{'!' if a > 4 else ''}"]},
+    ], "test")
+    for seed in range(20):
+        rng = random.Random(seed)
+        a, b = rng.randint(1, 9), rng.choice("xyz")
+        c = rng.randint(1, 9)
+        texts = (f"{a}-{b}-{c}-${a * 1.5:,.2f}".replace(".00", ""),
+                 f"{c}+{rng.choice('xyz')}:{a / 4:g}{'!' if a > 4 else ''}")
+        assert E.run_steps(steps, E.Scope({"XS": "xyz"}, random.Random(seed))) == rng.choice(texts)

@@ -48,12 +48,12 @@ def _method_options(args) -> dict:
 
 
 def cmd_generate(args) -> int:
+    import torch
+
     import drafttree
-    from drafttree.drafters import METHODS
+    from drafttree.bench.metrics import first_difference
 
     _threads(args.threads)
-    if args.method != "auto" and args.method not in METHODS:
-        raise DraftTreeError(f"unknown method {args.method!r}; choose one of auto, {', '.join(METHODS)}")
     if args.max_new_tokens <= 0:
         raise DraftTreeError(f"--max-new-tokens must be > 0, got {args.max_new_tokens}")
     drafttree.Sampling(args.temperature, args.top_p, args.top_k)  # validate before loading anything
@@ -93,7 +93,7 @@ def cmd_generate(args) -> int:
             bt = base.tokens_per_second
             out["speedup"] = round(res.tokens_per_second / bt, 4) if bt else None
             out["identical"] = res.tokens == base.tokens
-            out["first_difference"] = _first_difference(res.tokens, base.tokens)
+            out["first_difference"] = first_difference(res.tokens, base.tokens)
         print(json.dumps(out, ensure_ascii=False))
         return 0
     if not args.stream:
@@ -105,20 +105,13 @@ def cmd_generate(args) -> int:
         print(_report_line(base, lm), file=sys.stderr)
         speed = res.tokens_per_second / base.tokens_per_second if base.tokens_per_second else float("nan")
         same = res.tokens == base.tokens
-        diff = _first_difference(res.tokens, base.tokens)
+        diff = first_difference(res.tokens, base.tokens)
         agreement = "identical tokens" if same else f"tokens differ from position {diff}"
-        if not same and lm.target.dtype != __import__("torch").float32:
+        if not same and lm.target.dtype != torch.float32:
             agreement += " (bf16 near-ties can flip a token; float32 is exact)"
         print(f"speedup {speed:.2f}x vs plain decoding ({res.method} {res.tokens_per_second:.1f} tok/s, "
               f"ar {base.tokens_per_second:.1f} tok/s); {agreement}", file=sys.stderr)
     return 0
-
-
-def _first_difference(a: list[int], b: list[int]) -> int | None:
-    for i, (x, y) in enumerate(zip(a, b)):
-        if x != y:
-            return i
-    return None if len(a) == len(b) else min(len(a), len(b))
 
 
 def _report_line(res, lm) -> str:
@@ -166,7 +159,45 @@ def cmd_models(args) -> int:
     return 0
 
 
+# ---------------------------------------------------------------------------------------- calibrate
+
+
+def cmd_calibrate(args) -> int:
+    from drafttree.budget import calibration_path, cost_model_for
+    from drafttree.models import load_model
+    from drafttree.target import TargetModel
+
+    _threads(args.threads)
+    lm = load_model(args.model, dtype=args.dtype, device=args.device)
+    runner = TargetModel(lm.model)
+    path = calibration_path(runner, lm.name)
+    state = "measured now" if args.refresh or not path.exists() else "cached"
+    cm = cost_model_for(runner, lm.name, refresh=args.refresh)
+    print(f"verify cost of {lm.name} ({str(lm.dtype).replace('torch.', '')} on {lm.device}, "
+          f"{runner_threads()} threads), {state}: {path}")
+    print(f"{'tokens':>6} {'ms':>8} {'x one token':>12}")
+    for n, sec in zip(cm.sizes, cm.seconds):
+        print(f"{n:>6} {1000 * sec:>8.1f} {sec / cm.seconds[0]:>12.2f}")
+    return 0
+
+
+def runner_threads() -> int:
+    import torch
+
+    return torch.get_num_threads()
+
+
 # --------------------------------------------------------------------------------------------- data
+
+
+def cmd_data_prompts(args) -> int:
+    from drafttree.train.prompts import assemble_prompts
+
+    summary = assemble_prompts(args.out, args.n, seed=args.seed, sources_dir=args.sources_dir,
+                               bench_dir=args.bench_dir, show_progress=not args.quiet,
+                               include_bigbench=args.include_bigbench)
+    print(json.dumps(summary, indent=1))
+    return 0
 
 
 def cmd_data(args) -> int:
@@ -174,12 +205,6 @@ def cmd_data(args) -> int:
     from drafttree.train import data as D
 
     _threads(args.threads)
-    if args.stage == "prompts":
-        from drafttree.train.prompts import assemble_prompts
-
-        summary = assemble_prompts(args.out, args.n, seed=args.seed)
-        print(json.dumps(summary, indent=1))
-        return 0
     if args.stage == "distill":
         prompts = D.read_prompts(args.prompts)
         if args.limit:
@@ -191,10 +216,25 @@ def cmd_data(args) -> int:
         return 0
     if args.stage == "features":
         lm = load_model(args.model, dtype=args.dtype, device=args.device)
-        stats = D.extract_features(lm, args.distilled, args.out, shard_size=args.shard_size)
+        stats = D.extract_features(lm, args.distilled, args.out, shard_size=args.shard_size,
+                                   aux_layers=_aux_layers(args.aux_layers, lm.model.config.num_hidden_layers))
         print(json.dumps(stats))
         return 0
     raise DraftTreeError(f"unknown data stage {args.stage!r}")
+
+
+def _aux_layers(spec: str, num_layers: int) -> list[int] | None:
+    """'auto' (EAGLE-3's 2, L/2, L-3), 'none', or comma-separated layer indices (the layers whose input is kept)."""
+    from drafttree.heads.eagle3_format import default_aux_layers
+
+    if spec == "none":
+        return None
+    if spec == "auto":
+        return default_aux_layers(num_layers)
+    try:
+        return [int(x) for x in spec.split(",")]
+    except ValueError:
+        raise DraftTreeError(f"--aux-layers must be auto, none or comma-separated integers, got {spec!r}") from None
 
 
 # -------------------------------------------------------------------------------------------- parser
@@ -238,13 +278,30 @@ def build_parser() -> argparse.ArgumentParser:
     m.add_argument("name", nargs="*")
     m.set_defaults(func=cmd_models)
 
+    c = sub.add_parser("calibrate", help="measure (or show) this machine's verify-cost curve for a model",
+                       description="Tree budgets size each draft tree by how long the target takes to verify N "
+                                   "tokens here. It is measured once per model, dtype, device and thread count "
+                                   "on first use and cached; this command shows it or measures it again.")
+    _add_model_args(c)
+    c.add_argument("--refresh", action="store_true", help="measure again even if a cached curve exists")
+    c.set_defaults(func=cmd_calibrate)
+
     d = sub.add_parser("data", help="build head-training data: prompts -> distill -> features")
     dsub = d.add_subparsers(dest="stage", required=True)
     dp = dsub.add_parser("prompts", help="assemble training prompts from offline packages (never benchmark sets)")
-    dp.add_argument("--out", required=True)
-    dp.add_argument("--n", type=int, default=7000)
-    dp.add_argument("--seed", type=int, default=0)
-    dp.set_defaults(threads=None)
+    dp.add_argument("--out", required=True, help="output JSONL file")
+    dp.add_argument("--n", type=int, default=7000, help="number of prompts")
+    dp.add_argument("--seed", type=int, default=0, help="same seed, same prompts and ids")
+    dp.add_argument("--sources-dir", default=None,
+                    help="where the downloaded archives are kept (default: ~/.cache/drafttree/sources)")
+    dp.add_argument("--bench-dir", default=None,
+                    help="folder of evaluation question files (*.jsonl) to keep out (default: ../shared/data/bench "
+                         "next to the repository and the package's own question files)")
+    dp.add_argument("--include-bigbench", action="store_true",
+                    help="also use BIG-bench tasks (off by default: every BIG-bench task file carries a canary "
+                         "asking that its data never be used for training; this flag ignores that request)")
+    dp.add_argument("--quiet", action="store_true", help="no progress bars")
+    dp.set_defaults(func=cmd_data_prompts)
     dd = dsub.add_parser("distill", help="the target answers the prompts (resumable)")
     dd.add_argument("--prompts", required=True, help="JSON/JSONL (ShareGPT, OpenAI messages, Alpaca) or .txt")
     dd.add_argument("--out", required=True, help="output JSONL (appended; finished turns are skipped)")
@@ -260,6 +317,9 @@ def build_parser() -> argparse.ArgumentParser:
     df.add_argument("--out", required=True, help="feature directory")
     _add_model_args(df)
     df.add_argument("--shard-size", type=int, default=256)
+    df.add_argument("--aux-layers", default="auto",
+                    help="also keep the inputs of these target layers for EAGLE-3 heads: auto (2, L/2, L-3), none, "
+                         "or e.g. 2,15,27")
     d.set_defaults(func=cmd_data)
 
     for extra in _extra_parsers():
