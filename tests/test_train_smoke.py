@@ -25,6 +25,9 @@ PROMPTS = [
 ]
 
 
+AUX = [2, 15, 27]  # EAGLE-3's default fused layers for the 30-layer default target
+
+
 @pytest.fixture(scope="module")
 def pipeline(tmp_path_factory, default_fp32):
     d = tmp_path_factory.mktemp("pipe")
@@ -37,7 +40,8 @@ def pipeline(tmp_path_factory, default_fp32):
     again = self_distill(default_fp32, prompts, d / "distill.jsonl", batch_size=4, max_new_tokens=24,
                          show_progress=False)
     assert again["samples"] == 0, "a re-run resumes: finished turns are skipped"
-    feats = extract_features(default_fp32, d / "distill.jsonl", d / "features", shard_size=4, show_progress=False)
+    feats = extract_features(default_fp32, d / "distill.jsonl", d / "features", shard_size=4, show_progress=False,
+                             aux_layers=AUX)
     assert feats["samples"] == 6 and feats["shards"] == 2
     return d
 
@@ -49,6 +53,12 @@ def test_features_match_the_target(pipeline, default_fp32):
     with torch.no_grad():
         ref = default_fp32.model.base_model(s["input_ids"][None]).last_hidden_state[0]
     torch.testing.assert_close(s["hidden"].float(), ref, atol=0.05, rtol=0.02)  # stored in bf16
+    with torch.no_grad():
+        states = default_fp32.model.base_model(s["input_ids"][None], output_hidden_states=True).hidden_states
+    h = ref.shape[-1]
+    for k, layer in enumerate(AUX):  # the inputs of the fused layers, side by side
+        torch.testing.assert_close(s["aux"][:, k * h:(k + 1) * h].float(), states[layer][0], atol=0.1, rtol=0.02)
+    assert manifest["aux_layers"] == AUX
     assert s["loss_mask"].any() and not s["loss_mask"][0]
 
 
@@ -120,3 +130,47 @@ def test_train_resume_and_decode(pipeline, default_fp32):
     ids = sm2.encode_prompt(prompt)
     assert sm2.generate(ids, max_new_tokens=24, drafter=oracle_drafter(sm2, ids, 24)).tokens == ref.tokens
     assert ldlp.k_max == 3
+
+
+def test_eagle3_head_trains_resumes_and_decodes_losslessly(pipeline, default_fp32):
+    from drafttree.heads import Eagle3Head
+
+    out = pipeline / "run3"
+    cfg = TrainConfig(features=str(pipeline / "features"), out=str(out), epochs=2, batch_tokens=256,
+                      draft_vocab=512, eval_samples=1, eval_every=0, save_every=1, ttt_steps=3, max_steps=2,
+                      mixed_precision="no", warmup_steps=2, head_kind="eagle3")
+    first = train_head(default_fp32, cfg, show_progress=False)
+    cfg.max_steps = 3
+    second = train_head(default_fp32, cfg, resume=True, show_progress=False)
+    assert (first["steps"], second["steps"]) == (2, 3)
+    assert len(second["eval"]["top1"]) == cfg.eval_depth
+    head = load_head(out / "head", default_fp32)
+    assert isinstance(head, Eagle3Head) and head.aux_layers == AUX and head.draft_vocab.numel() == 512
+    sm = SpeculativeModel(default_fp32, method="eagle2", head=head, total_tokens=10)
+    prompt = "Write a short poem about rivers."
+    ref = sm.generate(prompt, max_new_tokens=24, method="ar")
+    for method in ("eagle2", "eagle1", "eagle-chain", "hybrid"):
+        assert sm.generate(prompt, max_new_tokens=24, method=method).tokens == ref.tokens, method
+    with pytest.raises(DraftTreeError, match="EAGLE-1/2 heads"):
+        sm.generate(prompt, max_new_tokens=4, method="eagle-chain-ldlp")
+
+
+def test_two_process_training_keeps_replicas_in_sync(pipeline):
+    """`accelerate launch --num_processes 2 -m drafttree train` on CPU (gloo): gradients averaged, one head."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    out = pipeline / "ddp"
+    launcher = Path(sys.executable).parent / "accelerate"
+    cmd = [str(launcher), "launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1",  # gloo on CPU
+           "--mixed_precision", "no", "--dynamo_backend", "no", "-m", "drafttree", "train",
+           "--features", str(pipeline / "features"), "--out", str(out), "--dtype", "float32", "--epochs", "1",
+           "--batch-tokens", "128", "--max-steps", "2", "--draft-vocab", "256", "--eval-samples", "1",
+           "--eval-every", "0", "--mixed-precision", "no", "--head-kind", "eagle3", "--threads", "1",
+           "--warmup-steps", "1", "--lr", "0.01"]
+    res = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    assert res.returncode == 0, res.stderr[-3000:]
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["processes"] == 2 and summary["replicas_in_sync"] is True
+    assert sorted(p.name for p in out.iterdir()) == ["checkpoint", "head", "summary.json"]

@@ -301,22 +301,32 @@ def target_signature(target: LoadedModel) -> dict:
 def extract_features(
     target: LoadedModel, distilled: str | Path, out_dir: str | Path, shard_size: int = 256,
     max_tokens: int = 2048, batch_tokens: int = 4096, show_progress: bool = True,
+    aux_layers: list[int] | None = None,
 ) -> dict:
     """Write ``shard-XXXXX.safetensors`` files of {input_ids, loss_mask, hidden, offsets} + a manifest.
 
-    Resumable: finished shards are listed in the manifest with the distill-file line range they cover.
+    ``hidden`` is the last hidden state after the final norm (EAGLE-1's input and, through the LM head, every
+    head's target distribution); with ``aux_layers``, ``aux`` holds the inputs of those layers side by side
+    (what an EAGLE-3 head fuses). Resumable: finished shards are listed in the manifest with the distill-file
+    line range they cover.
     """
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     man_path = out_dir / "manifest.json"
     sig = target_signature(target)
+    n_layers = target.model.config.num_hidden_layers
+    if aux_layers is not None and (not aux_layers or any(not 0 <= i < n_layers for i in aux_layers)):
+        raise DraftTreeError(f"aux layers {aux_layers} out of range for {target.name} ({n_layers} layers)")
     manifest = {"format": "drafttree-features-v1", "target": sig, "feature": "last_hidden_state_post_norm",
-                "dtype": "bfloat16", "shards": []}
+                "dtype": "bfloat16", "aux_layers": aux_layers, "shards": []}
     if man_path.exists():
         old = json.loads(man_path.read_text())
         if old.get("target", {}).get("hidden_size") != sig["hidden_size"] or old["target"].get("vocab_size") != sig[
                 "vocab_size"]:
             raise DraftTreeError(f"{out_dir} holds features of another target ({old.get('target')})")
+        if old.get("aux_layers") != aux_layers:
+            raise DraftTreeError(f"{out_dir} holds features with aux layers {old.get('aux_layers')}, not "
+                                 f"{aux_layers}: resume with the same --aux-layers or use another --out")
         manifest = old
     start = max((s["end"] for s in manifest["shards"]), default=0)
     records = list(iter_distilled(distilled))
@@ -325,7 +335,7 @@ def extract_features(
     todo = records[start:]
     base = target.model.base_model
     bar = tqdm(total=len(records), initial=start, desc="features", unit="sample", disable=not show_progress)
-    buf: list[tuple[list[int], list[int], torch.Tensor]] = []
+    buf: list[tuple[list[int], list[int], torch.Tensor, torch.Tensor | None]] = []
     line = start
 
     def flush(upto: int):
@@ -338,8 +348,11 @@ def extract_features(
         mask = torch.tensor([t for b in buf for t in b[1]], dtype=torch.uint8)
         hid = torch.cat([b[2] for b in buf]).to(torch.bfloat16).contiguous()
         lens = torch.tensor([0] + [len(b[0]) for b in buf], dtype=torch.int64).cumsum(0)
+        tensors = {"input_ids": ids, "loss_mask": mask, "hidden": hid, "offsets": lens}
+        if aux_layers is not None:
+            tensors["aux"] = torch.cat([b[3] for b in buf]).to(torch.bfloat16).contiguous()
         tmp = out_dir / (name + ".tmp")
-        save_file({"input_ids": ids, "loss_mask": mask, "hidden": hid, "offsets": lens}, str(tmp))
+        save_file(tensors, str(tmp))
         os.replace(tmp, out_dir / name)
         manifest["shards"].append({"file": name, "start": upto - len(buf), "end": upto, "samples": len(buf),
                                    "tokens": int(ids.numel()), "loss_tokens": int(mask.sum())})
@@ -352,6 +365,7 @@ def extract_features(
         part = todo[s0:s0 + shard_size]
         seqs = [(rec["prompt_ids"] + rec["response_ids"])[:max_tokens] for rec in part]
         feats: list[torch.Tensor | None] = [None] * len(part)
+        auxes: list[torch.Tensor | None] = [None] * len(part)
         order = sorted(range(len(part)), key=lambda i: len(seqs[i]))
         i = 0
         while i < len(order):
@@ -363,14 +377,19 @@ def extract_features(
             for r, j in enumerate(group):
                 ids[r, : len(seqs[j])] = torch.tensor(seqs[j])
             with torch.inference_mode():
-                hidden = base(input_ids=ids.to(target.device), use_cache=False).last_hidden_state
+                out = base(input_ids=ids.to(target.device), use_cache=False,
+                           output_hidden_states=aux_layers is not None)
+                hidden = out.last_hidden_state
+                aux = None if aux_layers is None else torch.cat([out.hidden_states[i] for i in aux_layers], -1)
             for r, j in enumerate(group):
                 feats[j] = hidden[r, : len(seqs[j])].to(torch.bfloat16).cpu()
+                if aux is not None:
+                    auxes[j] = aux[r, : len(seqs[j])].to(torch.bfloat16).cpu()
             i += len(group)
             bar.update(len(group))
-        for rec, seq, f in zip(part, seqs, feats):
+        for rec, seq, f, a in zip(part, seqs, feats, auxes):
             m = ([0] * len(rec["prompt_ids"]) + [1] * len(rec["response_ids"]))[: len(seq)]
-            buf.append((seq, m, f))
+            buf.append((seq, m, f, a))
         line += len(part)
         flush(line)
     bar.close()
@@ -401,7 +420,8 @@ def load_feature_dir(path: str | Path) -> tuple[dict, list[dict]]:
             raise DraftTreeError(f"{path}: shard {s['file']} listed in the manifest is missing")
         try:
             with safe_open(str(f), framework="pt") as st:
-                t = {k: st.get_tensor(k) for k in ("input_ids", "loss_mask", "hidden", "offsets")}
+                names = set(st.keys())  # noqa: SIM118 - a safetensors handle, not a dict
+                t = {k: st.get_tensor(k) for k in ("input_ids", "loss_mask", "hidden", "offsets", "aux") if k in names}
         except Exception as e:  # safetensors raises several types for truncated/corrupt files
             raise DraftTreeError(f"{path}: shard {s['file']} is corrupt ({e})") from None
         off = t["offsets"].tolist()
@@ -409,5 +429,5 @@ def load_feature_dir(path: str | Path) -> tuple[dict, list[dict]]:
             raise DraftTreeError(f"{path}: shard {s['file']} does not match its manifest entry")
         for a, b in zip(off[:-1], off[1:]):
             samples.append({"input_ids": t["input_ids"][a:b].long(), "loss_mask": t["loss_mask"][a:b].bool(),
-                            "hidden": t["hidden"][a:b]})
+                            "hidden": t["hidden"][a:b], **({"aux": t["aux"][a:b]} if "aux" in t else {})})
     return manifest, samples

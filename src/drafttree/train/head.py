@@ -1,4 +1,8 @@
-"""Train an EAGLE head on extracted target features.
+"""Train an EAGLE head (EAGLE-1/2 layout, or EAGLE-3 with ``head_kind='eagle3'``) on extracted target features.
+
+EAGLE-3: the head reads the fused ``aux`` features (inputs of three target layers) and is trained with
+cross-entropy only, against the target's next-token distribution restricted to the draft vocabulary, over
+``ttt_steps`` unrolled steps (no feature regression: its own output lives in its own space).
 
 Loss (EAGLE-1): SmoothL1 between the predicted and the target's next feature, plus ``p_weight`` x the
 cross-entropy against the target's own next-token distribution (its frozen LM head applied to the true
@@ -32,6 +36,7 @@ from safetensors.torch import load_file, save_file
 from tqdm import tqdm
 
 from drafttree.errors import DraftTreeError
+from drafttree.heads.eagle3 import Eagle3Head
 from drafttree.heads.model import EagleHead
 from drafttree.train.data import load_feature_dir
 
@@ -62,6 +67,7 @@ class TrainConfig:
     save_every: int = 200
     seed: int = 0
     mixed_precision: str = "bf16"  # bf16 | no
+    head_kind: str = "eagle1"  # eagle1 (fc 2H->H, feature regression + CE) | eagle3 (fused layers, CE only)
     max_steps: int = 0  # 0 = run all epochs (smoke tests set a small number)
 
 
@@ -126,14 +132,16 @@ def make_batches(samples: list[dict], batch_tokens: int, max_len: int, seed: int
     return batches
 
 
-def collate(samples: list[dict], idx: list[int], max_len: int):
+def collate(samples: list[dict], idx: list[int], max_len: int, key: str = "hidden"):
+    """Padded (ids, loss mask, valid, last hidden states, head inputs): the inputs are ``samples[key]``."""
     n = max(min(max_len, samples[i]["input_ids"].numel()) for i in idx)
     B = len(idx)
-    h = samples[idx[0]]["hidden"].shape[-1]
+    first = samples[idx[0]]
     ids = torch.zeros(B, n, dtype=torch.long)
     mask = torch.zeros(B, n, dtype=torch.bool)
     valid = torch.zeros(B, n, dtype=torch.bool)
-    feats = torch.zeros(B, n, h, dtype=samples[idx[0]]["hidden"].dtype)
+    feats = torch.zeros(B, n, first["hidden"].shape[-1], dtype=first["hidden"].dtype)
+    inputs = feats if key == "hidden" else torch.zeros(B, n, first[key].shape[-1], dtype=first[key].dtype)
     for r, i in enumerate(idx):
         s = samples[i]
         m = min(max_len, s["input_ids"].numel())
@@ -141,14 +149,18 @@ def collate(samples: list[dict], idx: list[int], max_len: int):
         mask[r, :m] = s["loss_mask"][:m]
         valid[r, :m] = True
         feats[r, :m] = s["hidden"][:m]
-    return ids, mask, valid, feats
+        if key != "hidden":
+            inputs[r, :m] = s[key][:m]
+    return ids, mask, valid, feats, inputs
 
 
 # ------------------------------------------------------------------------------------ the unrolled loss
 
 
-def unrolled_forward(head: EagleHead, feats, ids, mask, valid, steps: int, noise: float, train: bool):
-    """Run ``steps`` draft steps for every anchor position at once.
+def unrolled_forward(head: EagleHead, feats, ids, mask, valid, steps: int, noise: float, train: bool,
+                     inputs=None):
+    """Run ``steps`` draft steps for every anchor position at once (``inputs``: what the head reads at step 1,
+    the fused layers of an EAGLE-3 head; by default ``feats``, the last hidden states).
 
     Pair t = (feature t, token t+1). Step 1 is teacher-forced (true features); step s >= 2 feeds the
     head's step s-1 output for the same anchor, at position t+s-1, attending the true pairs <= t and its
@@ -161,7 +173,7 @@ def unrolled_forward(head: EagleHead, feats, ids, mask, valid, steps: int, noise
     Tp = T - 1
     dev = feats.device
     dtype = head.fc.weight.dtype
-    x = feats[:, :-1].float()
+    x = (feats if inputs is None else inputs)[:, :-1].float()
     if train and noise > 0:
         x = x + (torch.rand_like(x) - 0.5) * (2 * noise * 512 / max(T, 512))
     cache = DynamicCache()
@@ -195,21 +207,27 @@ def unrolled_forward(head: EagleHead, feats, ids, mask, valid, steps: int, noise
 
 
 def step_losses(head: EagleHead, outs, cfg: TrainConfig, small_w: torch.Tensor):
+    """``small_w``: the target's LM-head rows of the draft vocabulary (its distribution, renormalised over them)."""
     total = 0.0
     logs = {}
+    eagle3 = getattr(head, "kind", "eagle") == "eagle3"
     for s, (pred, tgt, lm) in enumerate(outs, 1):
         w = cfg.step_decay ** (s - 1)
         denom = lm.sum().clamp(min=1)
         # losses only where they count (response positions): the LM-head products dominate the cost
         pred, tgt = pred[lm], tgt[lm]
-        vloss = F.smooth_l1_loss(pred.float(), tgt, reduction="none").mean(-1).sum() / denom
         with torch.no_grad():
             tlogits = F.linear(tgt.to(small_w.dtype), small_w).float()
             tp = torch.softmax(tlogits, -1)
-        dlogits = F.linear(pred.to(small_w.dtype), small_w).float()
+        if eagle3:  # its own LM head over the draft vocabulary; no feature regression
+            vloss = torch.zeros((), device=pred.device)
+            dlogits = head.draft_logits(pred).float()
+        else:
+            vloss = F.smooth_l1_loss(pred.float(), tgt, reduction="none").mean(-1).sum() / denom
+            dlogits = F.linear(pred.to(small_w.dtype), small_w).float()
         plogp = torch.log_softmax(dlogits, -1)
         ploss = -(tp * plogp).sum(-1).sum() / denom
-        total = total + w * (cfg.v_weight * vloss + cfg.p_weight * ploss)
+        total = total + w * (ploss if eagle3 else cfg.v_weight * vloss + cfg.p_weight * ploss)
         with torch.no_grad():
             acc = (dlogits.argmax(-1) == tlogits.argmax(-1)).sum().float() / denom
         logs[f"acc{s}"] = float(acc)
@@ -234,25 +252,27 @@ def shifted(x: torch.Tensor, s: int) -> torch.Tensor:
 
 
 @torch.no_grad()
-def evaluate(head: EagleHead, samples: list[dict], depth: int, max_len: int, device) -> dict:
+def evaluate(head: EagleHead, samples: list[dict], depth: int, max_len: int, device,
+             target_lm_w: torch.Tensor | None = None) -> dict:
     """Held-out top-1 accuracy of the head's draft at chain steps 1..depth against the target's greedy token
-    (full-vocabulary argmax of the LM head on the true feature), and the chain's expected accepted length."""
+    (full-vocabulary argmax of the target's LM head on the true feature), and the chain's expected accepted
+    length."""
     head.eval()
-    lm_w = head.lm_head.weight
+    lm_w = head.lm_head.weight if target_lm_w is None else target_lm_w
+    key = "aux" if getattr(head, "kind", "eagle") == "eagle3" else "hidden"
     hit = torch.zeros(depth)
     chain_ok = torch.zeros(depth)
     n = 0
     vocab_ids = head.draft_vocab.to(device) if head.draft_vocab is not None else None
     for s in samples:
-        ids, mask, valid, feats = collate([s], [0], max_len)
-        ids, mask, valid, feats = ids.to(device), mask.to(device), valid.to(device), feats.to(device)
-        outs = unrolled_forward(head, feats, ids, mask, valid, depth, 0.0, train=False)
+        ids, mask, valid, feats, inputs = (t.to(device) for t in collate([s], [0], max_len, key))
+        outs = unrolled_forward(head, feats, ids, mask, valid, depth, 0.0, train=False, inputs=inputs)
         base = outs[0][2][0]
         all_ok = base.clone()
         n += int(base.sum())
         greedy = target_greedy(lm_w, feats[0])  # the target's token after every position
         for k, (pred, _tgt, lm) in enumerate(outs):
-            d = head.draft_logits(pred[0].to(lm_w.dtype)).argmax(-1)
+            d = head.draft_logits(pred[0].to(head.fc.weight.dtype)).argmax(-1)
             d = vocab_ids[d] if vocab_ids is not None else d
             t = shifted(greedy, k + 1)  # step k+1 from anchor t predicts the token after position t+k+1
             correct = (d == t) & lm[0]
@@ -316,6 +336,18 @@ def _load_checkpoint(ckpt_dir: Path, head: EagleHead, opt: torch.optim.Optimizer
     return json.loads((ckpt_dir / "progress.json").read_text())
 
 
+def _sync_gradients(head, n_proc: int) -> None:
+    """Average gradients over the processes of a distributed run (gloo on CPU, NCCL on GPUs)."""
+    if n_proc <= 1:
+        return
+    import torch.distributed as dist
+
+    for p in head.parameters():
+        if p.grad is not None:
+            dist.all_reduce(p.grad, op=dist.ReduceOp.SUM)
+            p.grad /= n_proc
+
+
 def lr_at(step: int, total: int, cfg: TrainConfig) -> float:
     if step < cfg.warmup_steps:
         return cfg.lr * (step + 1) / cfg.warmup_steps
@@ -339,23 +371,34 @@ def train_head(target, cfg: TrainConfig, resume: bool = False, show_progress: bo
     if sig["hidden_size"] != target.config.hidden_size or sig["vocab_size"] != target.vocab_size:
         raise DraftTreeError(f"features in {cfg.features} were extracted from {sig['name']} "
                              f"(hidden {sig['hidden_size']}, vocab {sig['vocab_size']}), not {target.name}")
+    if cfg.head_kind not in ("eagle1", "eagle3"):
+        raise DraftTreeError(f"head kind must be eagle1 or eagle3, got {cfg.head_kind!r}")
+    key = "aux" if cfg.head_kind == "eagle3" else "hidden"
+    if key == "aux" and not manifest.get("aux_layers"):
+        raise DraftTreeError(f"{cfg.features} holds no aux-layer features: re-extract them with "
+                             "`drafttree data features --aux-layers auto` to train an EAGLE-3 head")
     train_set, eval_set = split_samples(samples, cfg.eval_samples, cfg.seed)
     if not train_set:
         raise DraftTreeError("no training samples left after the held-out split")
-    acc = Accelerator(mixed_precision=cfg.mixed_precision if cfg.mixed_precision != "no" else "no", cpu=None)
+    # a target on the CPU trains on the CPU (several processes: gloo); on GPUs each process takes its own
+    acc = Accelerator(mixed_precision=cfg.mixed_precision, cpu=target.device.type == "cpu")
     dev = acc.device
     target.model.to(dev)
     eos = sorted(target.eos_token_ids())
     draft_vocab = choose_draft_vocab(train_set, cfg.draft_vocab, target.vocab_size, eos)
     coverage = vocab_coverage(eval_set, draft_vocab, target.vocab_size)
     torch.manual_seed(cfg.seed)
-    head = EagleHead(target.model, cfg.num_layers, draft_vocab, target_name=target.name,
-                     fc_bias=bool(cfg.fc_bias)).to(dev).float()
+    if cfg.head_kind == "eagle3":
+        head = Eagle3Head(target.model, draft_vocab=draft_vocab, aux_layers=manifest["aux_layers"],
+                          target_name=target.name).to(dev).float()
+    else:
+        head = EagleHead(target.model, cfg.num_layers, draft_vocab, target_name=target.name,
+                         fc_bias=bool(cfg.fc_bias)).to(dev).float()
     head.train()
     opt = torch.optim.AdamW([p for p in head.parameters() if p.requires_grad], lr=cfg.lr, betas=(0.9, 0.95),
                             weight_decay=cfg.weight_decay)
-    head, opt = acc.prepare(head, opt)
-    raw = acc.unwrap_model(head)
+    raw = head  # not wrapped in DDP: the unrolled loss calls the head several times per step, so gradients
+    # are averaged across processes by hand (``_sync_gradients``) before each optimizer step
     progress = {"epoch": 0, "batch": 0, "step": 0, "history": [], "config": asdict(cfg), "seconds": 0.0,
                 "tokens": 0}
     if resume and (ckpt / "progress.json").exists():
@@ -364,10 +407,13 @@ def train_head(target, cfg: TrainConfig, resume: bool = False, show_progress: bo
             print(f"[drafttree] resuming at epoch {progress['epoch']} batch {progress['batch']} "
                   f"(step {progress['step']})", flush=True)
     per_epoch = [make_batches(train_set, cfg.batch_tokens, cfg.max_len, cfg.seed + e) for e in range(cfg.epochs)]
+    n_proc = acc.num_processes
+    per_epoch = [b[: len(b) // n_proc * n_proc] or b[:n_proc] for b in per_epoch]  # equal steps on every process
     total_steps = sum(len(b) for b in per_epoch) // acc.num_processes
     if cfg.max_steps:
         total_steps = min(total_steps, cfg.max_steps)
-    small_w = raw.draft_head_weight().detach()
+    lm_w = target.model.get_output_embeddings().weight.detach()
+    small_w = lm_w if raw.draft_vocab is None else lm_w[raw.draft_vocab.to(lm_w.device)].contiguous()
     t_start = time.time() - progress["seconds"]
     bar = tqdm(total=total_steps, initial=progress["step"], desc="train head", unit="step",
                disable=not (show_progress and acc.is_main_process))
@@ -382,16 +428,18 @@ def train_head(target, cfg: TrainConfig, resume: bool = False, show_progress: bo
             if cfg.max_steps and progress["step"] >= cfg.max_steps:
                 done = True
                 break
-            ids, mask, valid, feats = (t.to(dev) for t in collate(train_set, batches[b], cfg.max_len))
+            ids, mask, valid, feats, inputs = (t.to(dev) for t in collate(train_set, batches[b], cfg.max_len, key))
             for g in opt.param_groups:
                 g["lr"] = lr_at(progress["step"], total_steps, cfg)
             with acc.autocast():
-                outs = unrolled_forward(raw, feats, ids, mask, valid, cfg.ttt_steps, cfg.noise, train=True)
+                outs = unrolled_forward(raw, feats, ids, mask, valid, cfg.ttt_steps, cfg.noise, train=True,
+                                        inputs=inputs)
                 loss, logs = step_losses(raw, outs, cfg, small_w)
             opt.zero_grad(set_to_none=True)
             acc.backward(loss)
+            _sync_gradients(raw, n_proc)
             if cfg.grad_clip:
-                acc.clip_grad_norm_(head.parameters(), cfg.grad_clip)
+                torch.nn.utils.clip_grad_norm_(raw.parameters(), cfg.grad_clip)
             opt.step()
             progress["step"] += 1
             progress["batch"] = b + 1
@@ -402,7 +450,7 @@ def train_head(target, cfg: TrainConfig, resume: bool = False, show_progress: bo
             bar.set_postfix(ep=epoch, loss=f"{float(loss.detach()):.3f}", acc1=f"{logs['acc1']:.3f}",
                             tok_s=f"{progress['tokens'] / max(1e-9, progress['seconds']):.0f}")
             if cfg.eval_every and progress["step"] % cfg.eval_every == 0 and acc.is_main_process:
-                last_eval = evaluate(raw, eval_set, cfg.eval_depth, cfg.max_len, dev)
+                last_eval = evaluate(raw, eval_set, cfg.eval_depth, cfg.max_len, dev, lm_w)
                 progress["history"].append({"step": progress["step"], "epoch": epoch, "eval": last_eval,
                                             "loss": float(loss), **logs})
                 bar.write(f"[eval step {progress['step']}] top1 {last_eval['top1']} "
@@ -413,16 +461,21 @@ def train_head(target, cfg: TrainConfig, resume: bool = False, show_progress: bo
             break
         progress["epoch"], progress["batch"] = epoch + 1, 0
         if acc.is_main_process:
-            last_eval = evaluate(raw, eval_set, cfg.eval_depth, cfg.max_len, dev)
+            last_eval = evaluate(raw, eval_set, cfg.eval_depth, cfg.max_len, dev, lm_w)
             progress["history"].append({"step": progress["step"], "epoch": epoch + 1, "eval": last_eval})
             bar.write(f"[epoch {epoch + 1}] held-out top1 by step {last_eval['top1']}, "
                       f"chain tau {last_eval['expected_chain_tau']}")
             _save_checkpoint(ckpt, raw, opt, progress)
     bar.close()
     if last_eval is None:
-        last_eval = evaluate(raw, eval_set, cfg.eval_depth, cfg.max_len, dev)
+        last_eval = evaluate(raw, eval_set, cfg.eval_depth, cfg.max_len, dev, lm_w)
     summary = {**info, "steps": progress["step"], "train_seconds": round(progress["seconds"], 1),
-               "tokens_seen": progress["tokens"], "eval": last_eval}
+               "tokens_seen": progress["tokens"], "eval": last_eval, "processes": n_proc}
+    if n_proc > 1:  # every process must hold the same weights after synchronised steps
+        flat = torch.cat([p.detach().double().reshape(-1) for p in raw.parameters()])
+        weights = torch.linspace(1.0, 2.0, flat.numel(), dtype=torch.float64, device=flat.device)
+        sums = acc.gather(torch.stack([flat.sum(), (flat * weights).sum()])[None].to(dev))
+        summary["replicas_in_sync"] = bool((sums == sums[:1]).all())  # identical steps: bitwise equal weights
     if acc.is_main_process:
         _save_checkpoint(ckpt, raw, opt, progress)
         raw.save(out / "head", dtype=torch.bfloat16, extra={"training": summary})

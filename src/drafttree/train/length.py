@@ -38,7 +38,7 @@ def make_labels(head, samples: list[dict], k_max: int, max_len: int, device, sho
     vocab_ids = head.draft_vocab.to(device) if head.draft_vocab is not None else None
     embs, feats, labels = [], [], []
     for s in tqdm(samples, desc="LDLP labels", unit="sample", disable=not show_progress):
-        ids, mask, valid, f = (t.to(device) for t in collate([s], [0], max_len))
+        ids, mask, valid, f, _ = (t.to(device) for t in collate([s], [0], max_len))
         outs = unrolled_forward(head, f, ids, mask, valid, k_max, 0.0, train=False)
         base = outs[0][2][0]
         ok = base.clone()
