@@ -8,7 +8,8 @@ losslessness), :mod:`drafttree.bench.report` (summary.json, table.md, plots, doc
 :mod:`drafttree.bench.tasks` (question files).
 """
 
-from drafttree.bench.runner import BenchConfig, resolve_config, run_bench
+from drafttree.bench.config import BenchConfig, resolve_config
+from drafttree.bench.runner import run_bench
 from drafttree.bench.tasks import BUILTIN, load_task
 
 __all__ = ["BUILTIN", "BenchConfig", "load_task", "resolve_config", "run_bench"]

@@ -33,7 +33,8 @@ def _csv(values: list[str] | None) -> list[str] | None:
 
 
 def cmd_bench(args) -> int:
-    from drafttree.bench.runner import resolve_config, run_bench
+    from drafttree.bench.config import resolve_config
+    from drafttree.bench.runner import run_bench
 
     cfg = resolve_config(
         setting=args.setting, quick=args.quick, model=args.model, draft_model=args.draft_model, head=args.head,
@@ -66,8 +67,8 @@ def cmd_report(args) -> int:
 
 
 def add_parser(sub) -> None:
+    from drafttree.bench.config import BENCH_METHODS, QUICK, SETTINGS
     from drafttree.bench.peers import HF_METHODS
-    from drafttree.bench.runner import BENCH_METHODS, QUICK, SETTINGS
     from drafttree.bench.tasks import BUILTIN
     from drafttree.drafters import METHODS
 

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import math
 import socket
 import sys
 import threading
@@ -27,169 +26,17 @@ from importlib import resources
 
 import torch
 
-from drafttree.drafters import METHODS, REGISTRY
+from drafttree.drafters import REGISTRY
 from drafttree.errors import DraftTreeError
-
-MAX_BODY_BYTES = 4 * 1024 * 1024
-DEFAULT_MAX_TOKENS = 256
-DEFAULT_TEMPERATURE = 1.0  # OpenAI's default; send "temperature": 0 for greedy (token-identical) decoding
-ROUTES = {
-    "/": ("GET",), "/index.html": ("GET",), "/health": ("GET",), "/v1/models": ("GET",),
-    "/v1/drafttree/methods": ("GET",), "/v1/chat/completions": ("POST",), "/v1/completions": ("POST",),
-}
-ROLES = ("system", "developer", "user", "assistant", "tool")
-
-
-class RequestError(Exception):
-    """An HTTP error answered with an OpenAI-style error object."""
-
-    def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None,
-                 type_: str = "invalid_request_error"):
-        super().__init__(message)
-        self.status, self.message, self.param, self.code, self.type = status, message, param, code, type_
-
-    def body(self) -> dict:
-        return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
-
-
-def _bad(message: str, param: str | None = None, code: str | None = None) -> RequestError:
-    return RequestError(400, message, param, code)
-
-
-# ------------------------------------------------------------------------------------------ validation
-
-
-def _number(body: dict, key: str, default: float) -> float:
-    v = body.get(key)
-    if v is None:
-        return default
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
-        raise _bad(f"'{key}' must be a finite number, got {json.dumps(v)}", key, "invalid_type")
-    return float(v)
-
-
-def _integer(body: dict, key: str, default: int | None) -> int | None:
-    v = body.get(key)
-    if v is None:
-        return default
-    if isinstance(v, float) and v.is_integer():
-        v = int(v)
-    if isinstance(v, bool) or not isinstance(v, int):
-        raise _bad(f"'{key}' must be an integer, got {json.dumps(v)}", key, "invalid_type")
-    return v
-
-
-def _sampling_params(body: dict, methods: list[str]) -> dict:
-    """The generation keyword arguments shared by both endpoints, validated."""
-    if body.get("model") is not None and not isinstance(body["model"], str):
-        raise _bad("'model' must be a string", "model", "invalid_type")
-    key = "max_completion_tokens" if body.get("max_completion_tokens") is not None else "max_tokens"
-    max_tokens = _integer(body, key, DEFAULT_MAX_TOKENS)
-    if max_tokens <= 0:
-        raise _bad(f"'{key}' must be > 0, got {max_tokens}", key, "invalid_value")
-    temperature = _number(body, "temperature", DEFAULT_TEMPERATURE)
-    if temperature < 0:
-        raise _bad(f"'temperature' must be >= 0, got {temperature}", "temperature", "invalid_value")
-    top_p = _number(body, "top_p", 1.0)
-    if not 0.0 < top_p <= 1.0:
-        raise _bad(f"'top_p' must be in (0, 1], got {top_p}", "top_p", "invalid_value")
-    top_k = _integer(body, "top_k", 0)
-    if top_k < 0:
-        raise _bad(f"'top_k' must be >= 0 (0 = off), got {top_k}", "top_k", "invalid_value")
-    n = _integer(body, "n", 1)
-    if n != 1:
-        raise _bad("only n=1 is supported (one completion per request)", "n", "invalid_value")
-    seed = _integer(body, "seed", None)
-    if seed is not None:
-        seed &= 2**64 - 1  # torch seeds are unsigned 64-bit; any JSON integer maps to one
-    stop = body.get("stop")
-    if stop is None:
-        stop = []
-    elif isinstance(stop, str):
-        stop = [stop]
-    if not isinstance(stop, list) or not all(isinstance(s, str) and s for s in stop):
-        raise _bad("'stop' must be a non-empty string or a list of non-empty strings", "stop", "invalid_type")
-    if len(stop) > 16:
-        raise _bad("at most 16 stop strings", "stop", "invalid_value")
-    stream = body.get("stream", False)
-    if stream is None:
-        stream = False
-    if not isinstance(stream, bool):
-        raise _bad("'stream' must be a boolean", "stream", "invalid_type")
-    method = body.get("method")
-    if method is not None:
-        if not isinstance(method, str):
-            raise _bad("'method' must be a string", "method", "invalid_type")
-        if method not in methods:
-            why = "unknown method" if method not in METHODS else "method not available for this model"
-            raise _bad(f"{why} {method!r}; choose one of {', '.join(methods)}", "method", "invalid_value")
-    for key in ("logprobs", "echo"):
-        if body.get(key):
-            raise _bad(f"'{key}' is not supported by this server", key, "unsupported")
-    if body.get("suffix") is not None:
-        raise _bad("'suffix' is not supported by this server", "suffix", "unsupported")
-    return {"max_new_tokens": max_tokens, "temperature": temperature, "top_p": top_p, "top_k": top_k,
-            "stop": stop, "seed": seed, "method": method, "stream": stream}
-
-
-def _content_text(content, i: int) -> str:
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):  # OpenAI content parts: [{"type": "text", "text": ...}, ...]
-        parts = []
-        for part in content:
-            if not (isinstance(part, dict) and part.get("type") == "text" and isinstance(part.get("text"), str)):
-                raise _bad(f"messages[{i}].content: only text parts are supported", f"messages[{i}].content",
-                           "invalid_type")
-            parts.append(part["text"])
-        return "".join(parts)
-    raise _bad(f"messages[{i}].content must be a string or a list of text parts", f"messages[{i}].content",
-               "invalid_type")
-
-
-def _messages(body: dict) -> list[dict]:
-    msgs = body.get("messages")
-    if msgs is None:
-        raise _bad("'messages' is required", "messages", "missing_required_parameter")
-    if not isinstance(msgs, list):
-        raise _bad("'messages' must be a list of {role, content} objects", "messages", "invalid_type")
-    if not msgs:
-        raise _bad("'messages' must not be empty", "messages", "invalid_value")
-    out = []
-    for i, m in enumerate(msgs):
-        if not isinstance(m, dict):
-            raise _bad(f"messages[{i}] must be an object", f"messages[{i}]", "invalid_type")
-        role = m.get("role")
-        if role not in ROLES:
-            raise _bad(f"messages[{i}].role must be one of {', '.join(ROLES)}", f"messages[{i}].role",
-                       "invalid_value")
-        content = m.get("content")
-        if content is None and role == "assistant":
-            content = ""
-        out.append({"role": "system" if role == "developer" else role, "content": _content_text(content, i)})
-    if not any(m["content"].strip() for m in out):
-        raise _bad("'messages' contain no text", "messages", "invalid_value")
-    return out
-
-
-def _prompt(body: dict):
-    """A completion prompt: a string, a list holding one string, or a list of token ids."""
-    p = body.get("prompt")
-    if p is None:
-        raise _bad("'prompt' is required", "prompt", "missing_required_parameter")
-    if isinstance(p, list) and len(p) == 1 and isinstance(p[0], str):
-        p = p[0]
-    if isinstance(p, str):
-        if not p.strip():
-            raise _bad("'prompt' must not be empty", "prompt", "invalid_value")
-        return p
-    if isinstance(p, list) and p and all(isinstance(t, int) and not isinstance(t, bool) for t in p):
-        return p
-    raise _bad("'prompt' must be a non-empty string (or a list of token ids); batches are not supported", "prompt",
-               "invalid_type")
-
-
-# ----------------------------------------------------------------------------------------------- app
+from drafttree.server.requests import (
+    MAX_BODY_BYTES,
+    ROUTES,
+    RequestError,
+    bad_request,
+    parse_messages,
+    parse_prompt,
+    sampling_params,
+)
 
 
 class App:
@@ -223,29 +70,29 @@ class App:
     # ---- generation ---------------------------------------------------------------------------------
     def start(self, body: dict, chat: bool):
         """Validate, encode and start a generation; the caller holds ``self.lock``."""
-        params = _sampling_params(body, self.methods)
-        source = _messages(body) if chat else _prompt(body)
+        params = sampling_params(body, self.methods)
+        source = parse_messages(body) if chat else parse_prompt(body)
         sm = self.sm
         param = "messages" if chat else "prompt"
         try:
             if isinstance(source, list) and source and isinstance(source[0], int):
                 vocab = sm.target.vocab_size
                 if any(t < 0 or t >= vocab for t in source):
-                    raise _bad(f"token ids must be in [0, {vocab})", "prompt", "invalid_value")
+                    raise bad_request(f"token ids must be in [0, {vocab})", "prompt", "invalid_value")
                 ids = torch.tensor(source, dtype=torch.long)
             else:
                 ids = sm.encode_prompt(source, chat=chat)
         except DraftTreeError as e:
-            raise _bad(str(e), param) from e
+            raise bad_request(str(e), param) from e
         ctx = sm._runner.max_positions
         if ids.numel() >= ctx:
-            raise _bad(f"the prompt is {ids.numel()} tokens but the model's context window is {ctx} tokens",
+            raise bad_request(f"the prompt is {ids.numel()} tokens but the model's context window is {ctx} tokens",
                        param, "context_length_exceeded")
         kw = {k: v for k, v in params.items() if k != "stream"}
         try:
             s = sm.stream(ids.to(sm.target.device), **kw)
         except DraftTreeError as e:
-            raise _bad(str(e)) from e
+            raise bad_request(str(e)) from e
         return s, params
 
     @staticmethod
@@ -350,7 +197,7 @@ class Handler(BaseHTTPRequestHandler):
                 self.close_connection = True
             self._error(e)
         except DraftTreeError as e:
-            self._error(_bad(str(e)))
+            self._error(bad_request(str(e)))
         except (BrokenPipeError, ConnectionResetError):
             self.close_connection = True
         except Exception as e:  # noqa: BLE001 - a bug must not take the server down
@@ -415,28 +262,28 @@ class Handler(BaseHTTPRequestHandler):
                 raise ValueError
         except ValueError:
             self.close_connection = True
-            raise _bad(f"invalid Content-Length {raw_len!r}") from None
+            raise bad_request(f"invalid Content-Length {raw_len!r}") from None
         if length > self.app.max_body_bytes:
             raise RequestError(413, f"request body is {length} bytes; the limit is {self.app.max_body_bytes} bytes",
                                code="request_too_large")
         data = self.rfile.read(length)
         if len(data) < length:
             self.close_connection = True
-            raise _bad("request body ended before Content-Length bytes")
+            raise bad_request("request body ended before Content-Length bytes")
         try:
             body = json.loads(data.decode("utf-8"))
         except (UnicodeDecodeError, json.JSONDecodeError) as e:
-            raise _bad(f"the request body is not valid JSON: {e}", code="invalid_json") from None
+            raise bad_request(f"the request body is not valid JSON: {e}", code="invalid_json") from None
         if not isinstance(body, dict):
-            raise _bad("the request body must be a JSON object", code="invalid_json")
+            raise bad_request("the request body must be a JSON object", code="invalid_json")
         return body
 
     def _post(self, path: str) -> None:
         body = self._read_json()
         chat = path == "/v1/chat/completions"
         app = self.app
-        _sampling_params(body, app.methods)  # reject bad parameters without waiting for the model
-        _messages(body) if chat else _prompt(body)
+        sampling_params(body, app.methods)  # reject bad parameters without waiting for the model
+        parse_messages(body) if chat else parse_prompt(body)
         with app.count_lock:
             app.waiting += 1
         try:
@@ -464,7 +311,7 @@ class Handler(BaseHTTPRequestHandler):
         except StopIteration:
             first = None
         except DraftTreeError as e:
-            raise _bad(str(e)) from e
+            raise bad_request(str(e)) from e
         self.send_response(200)
         self.send_header("Content-Type", "text/event-stream; charset=utf-8")
         self.send_header("Cache-Control", "no-cache")
