@@ -207,3 +207,25 @@ def test_heads_that_do_not_fit_are_one_line_errors(tmp_path):
     (tmp_path / "b" / "pytorch_model.bin").unlink()
     with pytest.raises(DraftTreeError, match="not a head directory"):
         load_head(tmp_path / "b", lm)
+
+
+def test_published_eagle1_head_with_embedding_in_a_bin_loads(tmp_path):
+    """EAGLE-1/2 heads as the EAGLE repo publishes them: pytorch_model.bin, embed_tokens stored, plain config."""
+    from drafttree.heads import EagleHead
+
+    lm = _lm("llama")
+    torch.manual_seed(3)
+    head = EagleHead(lm.model)
+    state = dict(head.state_dict()) | {"embed_tokens.weight": lm.model.get_input_embeddings().weight.clone()}
+    (tmp_path / "e1").mkdir()
+    torch.save(state, tmp_path / "e1" / "pytorch_model.bin")
+    cfg = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": HIDDEN, "vocab_size": VOCAB,
+           "num_hidden_layers": 1, "intermediate_size": lm.model.config.intermediate_size, "bias": True}
+    (tmp_path / "e1" / "config.json").write_text(json.dumps(cfg))
+    loaded = load_head(tmp_path / "e1", lm)
+    assert isinstance(loaded, EagleHead) and loaded.layout == "eagle1"
+    feats, ids = torch.randn(1, 4, HIDDEN), torch.randint(0, VOCAB, (1, 4))
+    mask = tree_attention_mask(torch.tril(torch.ones(4, 4, dtype=torch.bool)), 0, torch.float32)
+    with torch.no_grad():
+        torch.testing.assert_close(loaded(feats, ids, torch.arange(4)[None], mask),
+                                   head(feats, ids, torch.arange(4)[None], mask))
