@@ -10,10 +10,10 @@ the next ``observe`` drops, so drafting branches never pollute the committed cac
 from __future__ import annotations
 
 import torch
-from transformers import DynamicCache
 
 from drafttree.accept import warp_probs
 from drafttree.budget import BudgetRounds, TreeBudget, cost_model_for
+from drafttree.cache import GrowingCache
 from drafttree.drafters.base import Drafter, DraftRequest
 from drafttree.drafters.length_policies import (
     ConfidenceStop,
@@ -45,7 +45,7 @@ class EagleState:
     def __init__(self, head: EagleHead):
         self.head = head
         self.vocab_ids = head.draft_vocab.to(head.fc.weight.device) if head.draft_vocab is not None else None
-        self.cache: DynamicCache | None = None
+        self.cache: GrowingCache | None = None  # appends in place; drafted slots are cropped, not copied
         self.committed = 0
         self.pending = 0
         self.root_pos = 0
@@ -61,8 +61,7 @@ class EagleState:
     def _crop(self) -> None:
         if self.pending:
             for layer in self.cache.layers:
-                layer.keys = layer.keys[:, :, : self.committed]
-                layer.values = layer.values[:, :, : self.committed]
+                layer.truncate(self.committed)
             self.pending = 0
         self.slot_feats = []
 
@@ -70,7 +69,7 @@ class EagleState:
     def encode(self, feats: torch.Tensor, next_ids: list[int], start: int) -> None:
         """Commit true pairs (feature t, token t+1) for positions start.. and predict the next root feature."""
         if self.cache is None:
-            self.cache = DynamicCache()
+            self.cache = GrowingCache()
         self._crop()
         dev = self.head.fc.weight.device
         n = len(next_ids)
