@@ -78,3 +78,36 @@ def test_crop_and_forward_nodes_incremental():
     torch.testing.assert_close(inc, whole.logits, atol=2e-5, rtol=1e-5)
     tm.crop(5)
     assert tm.length == 5 and tm.cache.layers[0].keys.shape[2] == 5
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "gemma3"])
+def test_grouped_tree_attention_reads_kv_in_place_and_matches_stock_sdpa(arch):
+    """The folded grouped-query path runs for tree forwards and gives the stock SDPA's logits."""
+    from transformers import AttentionInterface
+
+    import drafttree.attention as A
+    from drafttree.tree import DraftTree
+
+    m = tiny_causal_lm(arch, layers=3, seed=2)
+    tree = DraftTree.from_parents(torch.randint(0, 64, (7,)), torch.tensor([-1, 0, 0, 1, 1, 2, 3]))
+    prompt = torch.randint(0, 64, (40,))
+    stock = TargetModel(m)
+    stock.prefill(prompt)
+    stock._run = lambda **kw: stock._forward(**kw)  # the stock transformers SDPA path (repeat_kv)
+    want = stock.forward_tree(tree.tokens, tree.depths, tree.ancestors)
+    folded = []
+
+    def counting(module, q, k, v, mask, **kw):
+        folded.append(q.shape[2] > 1 and mask is not None and module.num_key_value_groups > 1)
+        return A.grouped_sdpa(module, q, k, v, mask, **kw)
+
+    AttentionInterface.register(A.NAME, counting)
+    try:
+        tm = TargetModel(m)
+        tm.prefill(prompt)
+        got = tm.forward_tree(tree.tokens, tree.depths, tree.ancestors)
+    finally:
+        AttentionInterface.register(A.NAME, A.grouped_sdpa)
+    assert folded and all(folded[-3:]), "every layer of the tree forward took the folded path"
+    torch.testing.assert_close(got.logits, want.logits, atol=1e-5, rtol=1e-5)
+    assert m.config._attn_implementation == "sdpa", "the model's own setting is restored"

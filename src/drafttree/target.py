@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import torch
 from transformers import DynamicCache
 
+from drafttree.attention import grouped_attention
 from drafttree.cache import GrowingCache
 from drafttree.errors import DraftTreeError
 
@@ -153,7 +154,12 @@ class TargetModel:
         return ForwardOutput(logits=self.logits(feats), features=feats if aux is None else aux)
 
     def _run(self, **kw):
-        """The stock forward; with ``feature_layers``, forward pre-hooks also catch those layers' inputs."""
+        """The stock forward with grouped-query attention that reads K/V in place (:mod:`drafttree.attention`);
+        with ``feature_layers``, forward pre-hooks also catch those layers' inputs."""
+        with grouped_attention(self.model):
+            return self._forward(**kw)
+
+    def _forward(self, **kw):
         if not self.feature_layers:
             return self.base(**kw), None
         caught: dict[int, torch.Tensor] = {}

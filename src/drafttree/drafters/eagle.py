@@ -12,6 +12,7 @@ from __future__ import annotations
 import torch
 
 from drafttree.accept import warp_probs
+from drafttree.attention import grouped_attention
 from drafttree.budget import BudgetRounds, TreeBudget, cost_model_for
 from drafttree.cache import GrowingCache
 from drafttree.drafters.base import Drafter, DraftRequest
@@ -55,7 +56,8 @@ class EagleState:
 
     def _run(self, feats: torch.Tensor, ids: torch.Tensor, positions: torch.Tensor, attend: torch.Tensor):
         mask = tree_attention_mask(attend, self.committed, self.head.fc.weight.dtype)
-        out = self.head(feats[None], ids[None], positions[None], mask, self.cache)
+        with grouped_attention(self.head):  # several draft nodes at once: K/V read in place
+            out = self.head(feats[None], ids[None], positions[None], mask, self.cache)
         return out[0]
 
     def _crop(self) -> None:
