@@ -202,3 +202,28 @@ class BudgetRounds:
         total = t_draft + verify if seeded else time.perf_counter() - t_start
         budget.observe(expected, accepted_drafts, total, t_draft, verify)
         self._round = None
+
+
+def weight_bytes(model: torch.nn.Module) -> int:
+    """Bytes a forward reads from weights: every parameter, except an input embedding that is only gathered
+    (a tied embedding is read whole, as the LM head)."""
+    emb = model.get_input_embeddings().weight
+    tied = emb.data_ptr() == model.get_output_embeddings().weight.data_ptr()
+    return sum(p.numel() * p.element_size() for p in model.parameters() if tied or p is not emb)
+
+
+@torch.inference_mode()
+def read_bandwidth(device: torch.device, megabytes: int = 256, reps: int = 5) -> float:
+    """Bytes per second this device reads (best of ``reps`` sums over a ``megabytes`` buffer)."""
+    x = torch.ones(megabytes * 2**20 // 4, dtype=torch.float32, device=device)
+    x.sum()
+    best = float("inf")
+    for _ in range(reps):
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        t0 = time.perf_counter()
+        x.sum()
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        best = min(best, time.perf_counter() - t0)
+    return x.numel() * 4 / best

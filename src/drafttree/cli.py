@@ -163,7 +163,7 @@ def cmd_models(args) -> int:
 
 
 def cmd_calibrate(args) -> int:
-    from drafttree.budget import calibration_path, cost_model_for
+    from drafttree.budget import calibration_path, cost_model_for, read_bandwidth, weight_bytes
     from drafttree.models import load_model
     from drafttree.target import TargetModel
 
@@ -175,9 +175,12 @@ def cmd_calibrate(args) -> int:
     cm = cost_model_for(runner, lm.name, refresh=args.refresh)
     print(f"verify cost of {lm.name} ({str(lm.dtype).replace('torch.', '')} on {lm.device}, "
           f"{runner_threads()} threads), {state}: {path}")
-    print(f"{'tokens':>6} {'ms':>8} {'x one token':>12}")
+    floor = weight_bytes(lm.model) / read_bandwidth(runner.device)
+    print(f"{'tokens':>6} {'ms':>8} {'x one token':>12} {'x floor':>8}")
     for n, sec in zip(cm.sizes, cm.seconds):
-        print(f"{n:>6} {1000 * sec:>8.1f} {sec / cm.seconds[0]:>12.2f}")
+        print(f"{n:>6} {1000 * sec:>8.1f} {sec / cm.seconds[0]:>12.2f} {sec / floor:>8.2f}")
+    print(f"bandwidth floor of one forward: {1000 * floor:.1f} ms (weights {weight_bytes(lm.model) / 2**20:.0f} MiB "
+          f"read at {weight_bytes(lm.model) / floor / 1e9:.1f} GB/s, measured now)")
     return 0
 
 
