@@ -30,7 +30,7 @@ def grouped_sdpa(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor
     B, H, T, D = query.shape
     if (groups == 1 or T == 1 or T > MAX_FOLDED_QUERY or attention_mask is None or dropout
             or kwargs.get("softcap") is not None or kwargs.get("position_bias") is not None
-            or key.shape[1] * groups != H):
+            or key.shape[1] * groups != H or attention_mask.shape[1] != 1):
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
                                       **kwargs)
     hkv, L = key.shape[1], key.shape[2]

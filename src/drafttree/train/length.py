@@ -27,7 +27,7 @@ from tqdm import tqdm
 from drafttree.errors import DraftTreeError
 from drafttree.heads.length import LengthPredictor
 from drafttree.train.data import load_feature_dir
-from drafttree.train.head import collate, shifted, split_samples, target_greedy, unrolled_forward
+from drafttree.train.unroll import collate, shifted, split_samples, target_greedy, unrolled_forward
 
 
 @torch.no_grad()
