@@ -43,9 +43,12 @@ class CostModel:
         return {n: round(s / self.seconds[0], 3) for n, s in zip(self.sizes, self.seconds)}
 
 
+CURVE_VERSION = "2"  # bump when the verify path changes cost (2: grouped tree attention)
+
+
 def _key(runner, name: str) -> str:
     dev = runner.device
-    parts = [name, str(runner.dtype), dev.type, str(torch.get_num_threads()), torch.__version__,
+    parts = [CURVE_VERSION, name, str(runner.dtype), dev.type, str(torch.get_num_threads()), torch.__version__,
              str(getattr(runner.config, "num_hidden_layers", "")), str(getattr(runner.config, "hidden_size", ""))]
     if dev.type == "cuda":
         parts.append(torch.cuda.get_device_name(dev))

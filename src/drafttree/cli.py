@@ -43,6 +43,8 @@ def _method_options(args) -> dict:
         if v is not None:
             opts[key] = v
     if getattr(args, "draft_tree", False):
+        if args.method != "draft":
+            raise DraftTreeError("--draft-tree applies to --method draft (a draft LM's top-k tree)")
         opts["tree"] = True
     return opts
 

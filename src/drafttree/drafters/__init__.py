@@ -91,7 +91,11 @@ def needs_head(method: str) -> bool:
 
 def check_method(method: str) -> Method:
     if method not in REGISTRY:
-        raise DraftTreeError(f"unknown method {method!r}; choose one of auto, {', '.join(METHODS)}")
+        if method == "eagle-chain-oracle":
+            raise DraftTreeError("eagle-chain-oracle is a measurement: run it with `drafttree bench --methods "
+                                 "eagle-chain-oracle`")
+        where = "" if method == "auto" else "auto (resolved when a model is loaded), "
+        raise DraftTreeError(f"unknown method {method!r}; choose one of {where}{', '.join(METHODS)}")
     return REGISTRY[method]
 
 

@@ -22,6 +22,7 @@ from torch import nn
 from transformers import LlamaConfig
 from transformers.models.llama.modeling_llama import LlamaDecoderLayer, LlamaRMSNorm, LlamaRotaryEmbedding
 
+from drafttree.errors import DraftTreeError
 from drafttree.heads.eagle3_format import VARIANTS, checkpoint_of, default_aux_layers, layer_config_from, write_eagle3
 from drafttree.heads.model import write_checkpoint
 
@@ -70,6 +71,8 @@ class Eagle3Head(nn.Module):
         self.target_name = target_name
         n = target_model.config.num_hidden_layers
         self.aux_layers = list(aux_layers) if aux_layers is not None else default_aux_layers(n)
+        if len(self.aux_layers) < 2:  # the fused width (k x H) is how a step tells target features from its own
+            raise DraftTreeError(f"an EAGLE-3 head fuses at least 2 target layers, got {self.aux_layers}")
         h = self.config.hidden_size
         lm = target_model.get_output_embeddings().weight
         ids = torch.arange(lm.shape[0]) if draft_vocab is None else torch.as_tensor(draft_vocab, dtype=torch.long)

@@ -325,8 +325,9 @@ def extract_features(
                 "vocab_size"]:
             raise DraftTreeError(f"{out_dir} holds features of another target ({old.get('target')})")
         if old.get("aux_layers") != aux_layers:
+            was = ",".join(map(str, old["aux_layers"])) if old.get("aux_layers") else "none"
             raise DraftTreeError(f"{out_dir} holds features with aux layers {old.get('aux_layers')}, not "
-                                 f"{aux_layers}: resume with the same --aux-layers or use another --out")
+                                 f"{aux_layers}: resume with --aux-layers {was} or use another --out")
         manifest = old
     start = max((s["end"] for s in manifest["shards"]), default=0)
     records = list(iter_distilled(distilled))

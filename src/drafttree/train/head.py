@@ -135,7 +135,9 @@ def _sync_gradients(head, n_proc: int) -> None:
     import torch.distributed as dist
 
     for p in head.parameters():
-        if p.grad is not None:
+        if p.requires_grad:  # every process reduces every parameter, used or not, so the collectives pair up
+            if p.grad is None:
+                p.grad = torch.zeros_like(p)
             dist.all_reduce(p.grad, op=dist.ReduceOp.SUM)
             p.grad /= n_proc
 
@@ -163,6 +165,8 @@ def train_head(target, cfg: TrainConfig, resume: bool = False, show_progress: bo
     if sig["hidden_size"] != target.config.hidden_size or sig["vocab_size"] != target.vocab_size:
         raise DraftTreeError(f"features in {cfg.features} were extracted from {sig['name']} "
                              f"(hidden {sig['hidden_size']}, vocab {sig['vocab_size']}), not {target.name}")
+    if cfg.mixed_precision not in ("bf16", "no"):
+        raise DraftTreeError(f"mixed precision must be bf16 or no, got {cfg.mixed_precision!r}")
     if cfg.head_kind not in ("eagle1", "eagle3"):
         raise DraftTreeError(f"head kind must be eagle1 or eagle3, got {cfg.head_kind!r}")
     key = "aux" if cfg.head_kind == "eagle3" else "hidden"
@@ -200,7 +204,10 @@ def train_head(target, cfg: TrainConfig, resume: bool = False, show_progress: bo
                   f"(step {progress['step']})", flush=True)
     per_epoch = [make_batches(train_set, cfg.batch_tokens, cfg.max_len, cfg.seed + e) for e in range(cfg.epochs)]
     n_proc = acc.num_processes
-    per_epoch = [b[: len(b) // n_proc * n_proc] or b[:n_proc] for b in per_epoch]  # equal steps on every process
+    # the same number of steps on every process (collectives must pair up): trim, or repeat batches when an
+    # epoch has fewer batches than processes
+    per_epoch = [b[: len(b) // n_proc * n_proc] if len(b) >= n_proc else [b[i % len(b)] for i in range(n_proc)]
+                 for b in per_epoch]
     total_steps = sum(len(b) for b in per_epoch) // acc.num_processes
     if cfg.max_steps:
         total_steps = min(total_steps, cfg.max_steps)

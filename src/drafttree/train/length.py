@@ -67,6 +67,9 @@ def train_length_predictor(target, head, features: str, out: str, k_max: int = 8
                            epochs: int = 8, lr: float = 1e-3, batch: int = 512, width: int = 256,
                            max_samples: int = 0, eval_samples: int = 64, seed: int = 0, max_len: int = 2048,
                            show_progress: bool = True) -> dict:
+    if getattr(head, "kind", "eagle") != "eagle":
+        raise DraftTreeError("the AdaEAGLE length predictor reads the target's last hidden state: train it for "
+                             "EAGLE-1/2 heads, not for this EAGLE-3 head")
     out_p = Path(out)
     out_p.mkdir(parents=True, exist_ok=True)
     label_file = out_p / f"ldlp-labels-k{k_max}.safetensors"
