@@ -10,6 +10,7 @@ import torch
 
 from drafttree.accept import Sampling
 from drafttree.decode import DecodeStats, decode
+from drafttree.detok import TextAssembler
 from drafttree.drafters import Drafter, check_method, make_drafter
 from drafttree.drafters.options import parse_options
 from drafttree.errors import DraftTreeError
@@ -212,39 +213,22 @@ class SpeculativeModel:
     def _run(self, ids, drafter, sampling, max_new_tokens, stops, gen, stream, record_rounds, method,
              reproducible=False):
         stats = DecodeStats()
-        tokens: list[int] = []
-        emitted = ""
-        hold = max((len(s) for s in stops), default=1) - 1
+        text = TextAssembler(self.tokenizer, stops)
         steps = decode(self._runner, drafter, ids, sampling, max_new_tokens, self.eos_ids, gen, stats,
                        record_rounds, reproducible)
         step = 0
-        stopped_at = None
         for new in steps:
-            tokens.extend(new)
-            text = self.tokenizer.decode(tokens, skip_special_tokens=True)
-            if stops:
-                hits = [text.find(s, max(0, len(emitted) - hold)) for s in stops]
-                hits = [h for h in hits if h >= 0]
-                if hits:
-                    stopped_at = min(hits)
-                    text = text[:stopped_at]
-            final = stopped_at is not None or stats.finish_reason == "stop"
-            safe = text if final else text.rstrip("\ufffd")
-            if not final and hold:
-                safe = safe[: max(len(emitted), len(safe) - hold)]
-            delta, emitted = safe[len(emitted):], safe
+            delta = text.feed(new, final=stats.finish_reason == "stop")
             step += 1
             yield StreamChunk(delta, new, step)
-            if stopped_at is not None:
+            if text.stopped_at is not None:
                 stats.finish_reason = "stop"
                 steps.close()
                 break
-        text = self.tokenizer.decode(tokens, skip_special_tokens=True)
-        if stopped_at is not None:
-            text = text[:stopped_at]
-        if len(text) > len(emitted):
-            yield StreamChunk(text[len(emitted):], [], step)
-        stream.result = GenerationResult(text, tokens, int(ids.numel()), method, stats)
+        rest = text.finish()
+        if rest:
+            yield StreamChunk(rest, [], step)
+        stream.result = GenerationResult(text.text, text.tokens, int(ids.numel()), method, stats)
 
     def generate(self, prompt: str | list[dict] | torch.Tensor, max_new_tokens: int = 256,
                  **kwargs) -> GenerationResult:

@@ -43,6 +43,24 @@ class CostModel:
         return {n: round(s / self.seconds[0], 3) for n, s in zip(self.sizes, self.seconds)}
 
 
+@dataclass
+class BatchShare:
+    """What one row of a batched forward is charged: the marginal cost of its ``n`` tokens on top of the other
+    rows' ``others`` tokens, plus an equal share of what those cost. A row that maximises its own tokens per
+    charged second then adds a node only where it pays for the whole batch, so trees shrink as the batch grows
+    (on a GPU, where the curve is flat, they hardly shrink)."""
+
+    base: CostModel
+    others: int
+    rows: int
+
+    def verify(self, n: int) -> float:
+        if self.others <= 0:
+            return self.base.verify(n)
+        shared = self.base.verify(self.others)
+        return self.base.verify(self.others + n) - shared + shared / max(1, self.rows)
+
+
 CURVE_VERSION = "2"  # bump when the verify path changes cost (2: grouped tree attention)
 
 
@@ -175,20 +193,24 @@ class BudgetRounds:
 
     def __init__(self, budget: TreeBudget):
         self.budget = budget
+        self.base = budget.cost  # the single-sequence curve; a batched round charges a BatchShare of it
         self._seeded: TreeBudget | None = None
         self._round: tuple | None = None
 
     def begin(self) -> None:
         self._seeded, self._round = None, None
 
-    def start(self, reproducible: bool) -> TreeBudget:
+    def start(self, reproducible: bool, cost=None) -> TreeBudget:
+        """The budget for this round; ``cost`` (a :class:`BatchShare`) replaces the curve for this round only."""
         self._t0 = time.perf_counter()
         if not reproducible:
-            return self.budget
-        if self._seeded is None:
-            self._seeded = TreeBudget(self.budget.cost, max_total=self.budget.max_total,
-                                      min_total=self.budget.min_total)
-        return self._seeded
+            budget = self.budget
+        else:
+            if self._seeded is None:
+                self._seeded = TreeBudget(self.base, max_total=self.budget.max_total, min_total=self.budget.min_total)
+            budget = self._seeded
+        budget.cost = cost if cost is not None else self.base
+        return budget
 
     def record(self, budget: TreeBudget, expected: float, size: int, levels: int,
                level_seconds: float | None) -> None:

@@ -70,6 +70,34 @@ class GrowingLayer(DynamicLayer):
         self.values = self._v[..., : self._len, :]
 
 
+    def add_row(self, other: GrowingLayer) -> None:
+        """Append ``other``'s single sequence as a new batch row; the shorter side is zero-padded (padding is
+        masked out by the caller, and zeros keep masked scores finite)."""
+        k, v, n = other._k[..., : other._len, :], other._v[..., : other._len, :], other._len
+        if self._k is None:
+            self._k, self._v, self._len = k.clone(), v.clone(), n
+        else:
+            length = max(self._len, n)
+            cap = max(self._k.shape[-2], length + 64)
+            rows = self._k.shape[0]
+            nk = self._k.new_zeros(rows + 1, *self._k.shape[1:-2], cap, self._k.shape[-1])
+            nv = self._v.new_zeros(rows + 1, *self._v.shape[1:-2], cap, self._v.shape[-1])
+            nk[:rows, ..., : self._len, :] = self._k[..., : self._len, :]
+            nv[:rows, ..., : self._len, :] = self._v[..., : self._len, :]
+            nk[rows, ..., :n, :] = k[0]
+            nv[rows, ..., :n, :] = v[0]
+            self._k, self._v, self._len = nk, nv, length
+        if not self.is_initialized:
+            self.lazy_initialization(k, v)
+        self.keys = self._k[..., : self._len, :]
+        self.values = self._v[..., : self._len, :]
+
+    def move_slots(self, rows: torch.Tensor, src: torch.Tensor, dst: torch.Tensor) -> None:
+        """Copy slot ``src[i]`` of row ``rows[i]`` to slot ``dst[i]`` (all gathered before any is written)."""
+        self._k[rows, :, dst] = self._k[rows, :, src]
+        self._v[rows, :, dst] = self._v[rows, :, src]
+
+
 class GrowingCache(DynamicCache):
     """A DynamicCache whose layers append in place (full attention layers only)."""
 
@@ -79,3 +107,10 @@ class GrowingCache(DynamicCache):
     def select_rows(self, rows: torch.Tensor) -> None:
         for layer in self.layers:
             layer.select_rows(rows)
+
+    def add_row(self, other: GrowingCache) -> None:
+        """Append the single sequence cached in ``other`` as a new batch row (see :meth:`GrowingLayer.add_row`)."""
+        while len(self.layers) < len(other.layers):
+            self.layers.append(GrowingLayer())
+        for mine, theirs in zip(self.layers, other.layers):
+            mine.add_row(theirs)

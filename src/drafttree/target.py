@@ -47,6 +47,29 @@ def tree_attention_mask(
     return mask[None, None]
 
 
+def run_with_features(model: torch.nn.Module, feature_layers: list[int] | None, **kw):
+    """``model.base_model(**kw)`` with grouped tree attention; with ``feature_layers``, also the inputs of those
+    decoder layers side by side ([B, n, k * hidden], caught by forward pre-hooks: no forked modeling code)."""
+    base = model.base_model
+    with grouped_attention(model):
+        if not feature_layers:
+            return base(**kw), None
+        caught: dict[int, torch.Tensor] = {}
+
+        def catch(i):
+            def hook(module, args, kwargs):
+                caught[i] = args[0] if args else kwargs["hidden_states"]
+            return hook
+
+        handles = [base.layers[i].register_forward_pre_hook(catch(i), with_kwargs=True) for i in feature_layers]
+        try:
+            out = base(**kw)
+        finally:
+            for h in handles:
+                h.remove()
+        return out, torch.cat([caught[i] for i in feature_layers], dim=-1)
+
+
 class TargetModel:
     """Prefill, tree forward, commit and crop over one sequence (batch size 1)."""
 
@@ -156,27 +179,8 @@ class TargetModel:
     def _run(self, **kw):
         """The stock forward with grouped-query attention that reads K/V in place (:mod:`drafttree.attention`);
         with ``feature_layers``, forward pre-hooks also catch those layers' inputs."""
-        with grouped_attention(self.model):
-            return self._forward(**kw)
-
-    def _forward(self, **kw):
-        if not self.feature_layers:
-            return self.base(**kw), None
-        caught: dict[int, torch.Tensor] = {}
-        layers = self.base.layers
-
-        def catch(i):
-            def hook(module, args, kwargs):
-                caught[i] = args[0] if args else kwargs["hidden_states"]
-            return hook
-
-        handles = [layers[i].register_forward_pre_hook(catch(i), with_kwargs=True) for i in self.feature_layers]
-        try:
-            out = self.base(**kw)
-        finally:
-            for h in handles:
-                h.remove()
-        return out, torch.cat([caught[i][0] for i in self.feature_layers], dim=-1)
+        out, aux = run_with_features(self.model, self.feature_layers, **kw)
+        return out, None if aux is None else aux[0]
 
     @torch.inference_mode()
     def commit(self, nodes: list[int] | torch.Tensor) -> None:

@@ -22,6 +22,8 @@ class DraftRequest:
     info: dict = field(default_factory=dict)  # drafters may leave per-round notes (e.g. chosen depth)
     # a seed was given: every drafting decision must come from counters and cached curves, never a clock
     reproducible: bool = False
+    # batched decoding: the verify cost charged to this row (a budget.BatchShare); None = the row is alone
+    cost: object | None = None
 
 
 class Drafter:

@@ -117,8 +117,8 @@ class DraftModelDrafter(Drafter):
         if self.tree:  # deterministic top-k tree: point-mass candidates at any temperature
             if self.rounds is None:
                 return grow_dynamic_tree(stepper, req.root, k, self.top_k, self.total_tokens)
-            budget = self.rounds.start(req.reproducible)
-            level = self.level_cost * budget.cost.verify(1) if req.reproducible else None  # never a clock
+            budget = self.rounds.start(req.reproducible, req.cost)
+            level = self.level_cost * self.rounds.base.verify(1) if req.reproducible else None  # never a clock
             tree = grow_dynamic_tree(stepper, req.root, k, self.top_k, budget.max_total, budget=budget,
                                      level_seconds=level)
             self.rounds.record(budget, tree.expected_accept or 0.0, tree.size, tree.max_depth + 1, level)

@@ -160,8 +160,8 @@ class DynamicTreeShape:
     def grow(self, drafter, req, depth, stop):
         if self.rounds is None:
             return grow_dynamic_tree(drafter.state, req.root, depth, self.top_k, self.total_tokens)
-        budget = self.rounds.start(req.reproducible)
-        level = drafter.head.level_cost() * budget.cost.verify(1) if req.reproducible else None  # modelled
+        budget = self.rounds.start(req.reproducible, req.cost)
+        level = drafter.head.level_cost() * self.rounds.base.verify(1) if req.reproducible else None  # modelled
         tree = grow_dynamic_tree(drafter.state, req.root, depth, self.top_k, budget.max_total, budget=budget,
                                  level_seconds=level)
         self.rounds.record(budget, tree.expected_accept or 0.0, tree.size, tree.max_depth + 1, level)

@@ -118,6 +118,7 @@ class HybridDrafter(Drafter):
             raise ValueError("HybridDrafter needs a TreeBudget or a fixed total_tokens")
         self.sources = list(sources)
         self.budget, self.total_tokens = budget, total_tokens
+        self.base_cost = budget.cost if budget is not None else None  # batched rounds charge a share of it
         self.gates = [Gate(enabled=gate and s.cost > 0) for s in self.sources]
         self.name = name
         self._round: tuple | None = None
@@ -145,11 +146,12 @@ class HybridDrafter(Drafter):
                 cal.trials.mul_(0.5)
         self._fresh = False
 
-    def _size(self, merged: MergedTree, spent: float) -> int:
+    def _size(self, merged: MergedTree, spent: float, cost=None) -> int:
         if self.total_tokens is not None:
             return min(int(self.total_tokens), len(merged.tokens))
         scores = torch.tensor(sorted(merged.scores[1:], reverse=True), dtype=torch.float64)
-        return self.budget.choose_total(scores, spent * self.budget.cost.verify(1))
+        self.budget.cost = cost if cost is not None else self.base_cost
+        return self.budget.choose_total(scores, spent * self.base_cost.verify(1))
 
     def propose(self, req: DraftRequest) -> DraftTree:
         if self._fresh:
@@ -161,6 +163,10 @@ class HybridDrafter(Drafter):
         merged = MergedTree(req.root)
         ran: list[tuple[int, int, float]] = []  # (source, situation, cost) of the costly sources that drafted
         spent = 0.0
+        # in a batch a row's share of the forward is cheaper than a forward alone, so drafting weighs more
+        scale = 1.0
+        if req.cost is not None and self.base_cost is not None:
+            scale = self.base_cost.verify(1) / max(1e-12, req.cost.verify(1))
         for i, (src, gate) in enumerate(zip(self.sources, self.gates)):
             sit = situation(rc.earlier)
             if src.cost > 0 and not gate.allow(sit):
@@ -169,12 +175,12 @@ class HybridDrafter(Drafter):
             if src.cost > 0:
                 levels = 1 + (prop.cands.levels if prop is not None else 0)
                 spent += levels * src.cost
-                ran.append((i, sit, levels * src.cost))
+                ran.append((i, sit, levels * src.cost * scale))
             if prop is None:
                 continue
             rc.earlier.append(prop)
             merged.add(prop, limit)
-        keep = merged.best(self._size(merged, spent))
+        keep = merged.best(self._size(merged, spent, req.cost))
         tokens = torch.tensor([merged.tokens[i] for i in keep], dtype=torch.long)
         pos = {node: j for j, node in enumerate(keep)}
         parents = torch.tensor([-1] + [pos[merged.parents[i]] for i in keep[1:]], dtype=torch.long)

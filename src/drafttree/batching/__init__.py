@@ -1,0 +1,6 @@
+"""Batched speculative decoding: several sequences' draft trees verified in one target forward."""
+
+from drafttree.batching.decode import BatchDecoder, Sequence, decode_batch
+from drafttree.batching.target import BatchTarget
+
+__all__ = ["BatchDecoder", "BatchTarget", "Sequence", "decode_batch"]

@@ -1,0 +1,174 @@
+"""Continuous batching: several sequences draft, verify, accept and commit together.
+
+Each row keeps its own drafter, sampling settings, random generator and acceptance; only the target
+forward is shared (:class:`~drafttree.batching.target.BatchTarget`). A newcomer joins between rounds
+(its prefill is its own forward), a finished or cancelled row leaves at the next round. Every row is charged
+a :class:`~drafttree.budget.BatchShare` of the forward, so drafters that size trees on the verify-cost curve
+shrink their trees as the batch grows. Per row the acceptance rule is the single-sequence one, so each row's
+output is exactly what decoding it alone would give (greedy: token for token; T > 0: in distribution).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from drafttree.accept import Sampling, accept, sample_token
+from drafttree.batching.target import BatchTarget
+from drafttree.budget import BatchShare, CostModel
+from drafttree.decode import DecodeStats
+from drafttree.drafters.base import Drafter, DraftRequest
+
+
+@dataclass(eq=False)
+class Sequence:
+    """One request in the batch: its settings, and its progress (read by the caller after each round)."""
+
+    prompt_ids: torch.Tensor
+    drafter: Drafter
+    sampling: Sampling = field(default_factory=Sampling)
+    max_new_tokens: int = 256
+    eos_ids: frozenset[int] = frozenset()
+    generator: torch.Generator | None = None
+    reproducible: bool = False
+    tag: object = None  # the caller's handle (e.g. a server request)
+    stats: DecodeStats = field(default_factory=DecodeStats)
+    tokens: list[int] = field(default_factory=list)  # new tokens so far
+    finished: bool = False
+    cancelled: bool = False  # set from any thread; the row leaves at the next round
+    context: list[int] = field(default_factory=list, repr=False)
+    root: int = -1
+    last_tree: int = 1
+
+    def _finish(self, reason: str) -> None:
+        self.finished = True
+        self.stats.finish_reason = reason
+
+
+class BatchDecoder:
+    """The batched decode loop: :meth:`add` a sequence (prefill), :meth:`step` one round for all rows."""
+
+    def __init__(self, target: BatchTarget, cost: CostModel | None = None):
+        self.target, self.cost = target, cost
+        self.active: list[Sequence] = []
+
+    @property
+    def rows(self) -> int:
+        return len(self.active)
+
+    def _emit(self, seq: Sequence, new: list[int]) -> list[int]:
+        new = new[: seq.max_new_tokens - seq.stats.new_tokens]
+        for i, tok in enumerate(new):
+            if tok in seq.eos_ids:
+                new = new[: i + 1]
+                seq._finish("stop")
+                break
+        seq.tokens.extend(new)
+        seq.context.extend(new)
+        seq.stats.new_tokens += len(new)
+        if not seq.finished and seq.stats.new_tokens >= seq.max_new_tokens:
+            seq._finish("length")
+        return new
+
+    @torch.inference_mode()
+    def add(self, seq: Sequence) -> list[int]:
+        """Prefill ``seq`` and append it as a row; returns its first token (it may already be finished)."""
+        t0 = time.perf_counter()
+        pre = self.target.add(seq.prompt_ids)
+        root = sample_token(pre.logits[-1], seq.sampling, seq.generator)
+        seq.drafter.begin(seq.prompt_ids, pre.features, root)
+        st = seq.stats
+        st.time_prefill = st.wall_time = time.perf_counter() - t0
+        st.target_forwards = 1
+        st.accept_lengths.append(1)
+        seq.context = seq.prompt_ids.reshape(-1).tolist()
+        seq.root = root
+        self.active.append(seq)
+        new = self._emit(seq, [root])
+        if seq.finished:
+            self._drop_finished()
+        return new
+
+    def _drop_finished(self) -> None:
+        keep = [i for i, s in enumerate(self.active) if not (s.finished or s.cancelled)]
+        for s in self.active:
+            if s.cancelled and not s.finished:
+                s._finish("cancelled")
+        self.target.keep(keep)
+        self.active = [self.active[i] for i in keep]
+
+    @torch.inference_mode()
+    def step(self) -> list[tuple[Sequence, list[int]]]:
+        """One draft -> verify -> accept -> commit round over every row; returns each row's new tokens."""
+        self._drop_finished()
+        for i, seq in enumerate(self.active):
+            if not self.target.check_room(i):
+                seq._finish("context")
+        ended = [(s, []) for s in self.active if s.finished]
+        self._drop_finished()
+        if not self.active:
+            return ended
+        t_round = time.perf_counter()
+        rows, tgt = self.active, self.target
+        sizes = [s.last_tree for s in rows]
+        total = sum(sizes)
+        trees, draft_times = [], []
+        for i, seq in enumerate(rows):
+            t0 = time.perf_counter()
+            cost = BatchShare(self.cost, total - sizes[i], len(rows)) if self.cost is not None and len(rows) > 1 \
+                else None
+            depth = min(seq.max_new_tokens - seq.stats.new_tokens - 1, tgt.max_positions - tgt.lens[i] - 2)
+            req = DraftRequest(seq.context, seq.root, max(0, depth), seq.sampling, seq.generator,
+                               reproducible=seq.reproducible, cost=cost)
+            tree = seq.drafter.propose(req).to(tgt.device)
+            if tree.max_depth > req.max_depth:
+                raise RuntimeError(f"drafter {seq.drafter.name} proposed depth {tree.max_depth} > {req.max_depth}")
+            trees.append(tree)
+            draft_times.append(time.perf_counter() - t0)
+        t0 = time.perf_counter()
+        outs = tgt.forward_trees(trees)
+        t_verify = time.perf_counter() - t0
+        accepted = [accept(t, o.logits, s.sampling, s.generator) for s, t, o in zip(rows, trees, outs)]
+        tgt.commit([path for path, _ in accepted])
+        results = []
+        for seq, tree, out, (path, nxt), t_draft in zip(rows, trees, outs, accepted, draft_times):
+            t0 = time.perf_counter()
+            committed = tree.tokens[path].tolist()
+            seq.drafter.observe(committed, out.features[path], nxt)
+            seq.root, seq.last_tree = nxt, tree.size
+            st = seq.stats
+            st.time_draft += t_draft + time.perf_counter() - t0
+            st.time_verify += t_verify
+            st.target_forwards += 1
+            st.accept_lengths.append(len(path))
+            st.tree_sizes.append(tree.size)
+            results.append((seq, self._emit(seq, committed[1:] + [nxt])))
+        wall = time.perf_counter() - t_round
+        for seq in rows:  # every row waited for the whole round
+            seq.stats.wall_time += wall
+            seq.stats.time_other = max(0.0, seq.stats.wall_time - seq.stats.time_prefill - seq.stats.time_draft
+                                       - seq.stats.time_verify)
+        self._drop_finished()
+        return ended + results
+
+
+def decode_batch(target: BatchTarget, seqs: list[Sequence], cost: CostModel | None = None,
+                 max_rows: int | None = None, on_tokens=None) -> list[Sequence]:
+    """Decode every sequence to the end, at most ``max_rows`` at a time (newcomers join between rounds).
+
+    ``on_tokens(seq, new_tokens)`` is called after each step of each sequence (streaming)."""
+    dec = BatchDecoder(target, cost)
+    waiting = list(seqs)
+    limit = max_rows or len(seqs)
+    while waiting or dec.rows:
+        while waiting and dec.rows < limit:
+            seq = waiting.pop(0)
+            new = dec.add(seq)
+            if on_tokens is not None:
+                on_tokens(seq, new)
+        for seq, new in dec.step():
+            if on_tokens is not None:
+                on_tokens(seq, new)
+    return seqs

@@ -1,0 +1,142 @@
+"""Tree verification for several sequences in one forward of a stock `transformers` model.
+
+Rows live side by side in one KV cache ``[rows, heads, slots, dim]``. Row r's committed tokens are always the
+prefix ``[0, lens[r])`` of its slots; everything after it is masked out (stale tree slots or zero padding). A
+round appends every row's tree at the same slots ``[L, L + n)`` (L = the longest row, n = the largest tree,
+smaller trees padded), with per-row 4-D masks (past prefix + ancestors) and per-row positions
+(``lens[r] + depth``). Committing moves each row's accepted path to the end of its own prefix, so rows of
+different lengths and different accepted lengths share one cache without copies of the past. A newcomer is
+prefilled alone (its own forward) and joins as a new row between rounds.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from drafttree.cache import GrowingCache
+from drafttree.errors import DraftTreeError
+from drafttree.target import ForwardOutput, TargetModel, run_with_features
+from drafttree.tree import DraftTree
+
+
+class BatchTarget:
+    """Prefill, batched tree forward, ragged commit and row removal over a shared cache."""
+
+    def __init__(self, model: torch.nn.Module, feature_layers: list[int] | None = None):
+        self.single = TargetModel(model, feature_layers)  # prefills newcomers; holds config, LM head, masks
+        self.model = model
+        self.feature_layers = self.single.feature_layers
+        self.cache: GrowingCache | None = None
+        self.lens: list[int] = []
+
+    # ---- what the decode loop reads -----------------------------------------------------------------
+    @property
+    def rows(self) -> int:
+        return len(self.lens)
+
+    @property
+    def device(self) -> torch.device:
+        return self.single.device
+
+    @property
+    def max_positions(self) -> int:
+        return self.single.max_positions
+
+    def _slots(self) -> int:
+        return self.cache.layers[0].get_seq_length() if self.cache is not None and self.cache.layers else 0
+
+    # ---- rows ---------------------------------------------------------------------------------------
+    @torch.inference_mode()
+    def add(self, prompt_ids: torch.Tensor) -> ForwardOutput:
+        """Prefill one prompt alone and append it as the last row; returns its prefill output."""
+        out = self.single.prefill(prompt_ids)
+        if self.cache is None:
+            self.cache = GrowingCache()
+        self.cache.add_row(self.single.cache)
+        self.lens.append(self.single.length)
+        self.single.cache, self.single.length = None, 0
+        return out
+
+    @torch.inference_mode()
+    def keep(self, rows: list[int]) -> None:
+        """Keep only these rows (in this order); finished or cancelled rows free their slots."""
+        if rows == list(range(self.rows)):
+            return
+        self.lens = [self.lens[r] for r in rows]
+        if not rows:
+            self.cache = None
+            return
+        self.cache.select_rows(torch.tensor(rows, dtype=torch.long, device=self.device))
+        self._truncate()
+
+    def _truncate(self) -> None:
+        for layer in self.cache.layers:
+            layer.truncate(max(self.lens))
+
+    # ---- one round ----------------------------------------------------------------------------------
+    def _mask_and_positions(self, trees: list[DraftTree], n: int, past: int):
+        rows, dev, dtype = self.rows, self.device, self.single.dtype
+        lens = torch.tensor(self.lens, dtype=torch.long, device=dev)
+        depth = torch.zeros(rows, n, dtype=torch.long, device=dev)
+        allowed = torch.zeros(rows, n, past + n, dtype=torch.bool, device=dev)
+        allowed[:, :, :past] = torch.arange(past, device=dev)[None, None, :] < lens[:, None, None]
+        eye = torch.eye(n, dtype=torch.bool, device=dev)
+        for r, t in enumerate(trees):
+            m = t.size
+            depth[r, :m] = t.depths.to(dev)
+            allowed[r, :m, past:past + m] = t.ancestors.to(dev)
+            allowed[r, m:, past:] = eye[m:]  # padding attends to itself only (its output is never read)
+        positions = lens[:, None] + depth
+        masks = {"full_attention": allowed}
+        if self.single.has_sliding:
+            key_pos = torch.cat([torch.arange(past, device=dev).expand(rows, past), positions], dim=1)
+            near = (positions[:, :, None] - key_pos[:, None, :]) < self.single.sliding_window
+            masks["sliding_attention"] = allowed & near
+        additive = {}
+        for kind, ok in masks.items():
+            m = torch.zeros(ok.shape, dtype=dtype, device=dev)
+            additive[kind] = m.masked_fill_(~ok, torch.finfo(dtype).min)[:, None]
+        return (additive if self.single.has_sliding else additive["full_attention"]), positions
+
+    @torch.inference_mode()
+    def forward_trees(self, trees: list[DraftTree]) -> list[ForwardOutput]:
+        """Verify one tree per row (row order) in a single forward; logits only for real nodes."""
+        if len(trees) != self.rows or not trees:
+            raise RuntimeError(f"{len(trees)} trees for {self.rows} rows")
+        past = self._slots()
+        n = max(t.size for t in trees)
+        tokens = torch.zeros(self.rows, n, dtype=torch.long, device=self.device)
+        for r, t in enumerate(trees):
+            tokens[r, : t.size] = t.tokens.to(self.device)
+        mask, positions = self._mask_and_positions(trees, n, past)
+        out, aux = run_with_features(self.model, self.feature_layers, input_ids=tokens, attention_mask=mask,
+                                     position_ids=positions, past_key_values=self.cache, use_cache=True)
+        hidden = out.last_hidden_state
+        feats = hidden if aux is None else aux
+        sizes = [t.size for t in trees]
+        real = torch.cat([hidden[r, :m] for r, m in enumerate(sizes)])
+        logits = self.single.logits(real).split(sizes)
+        self._tree_at = past
+        return [ForwardOutput(logits=lg, features=feats[r, :m]) for r, (lg, m) in enumerate(zip(logits, sizes))]
+
+    @torch.inference_mode()
+    def commit(self, paths: list[list[int]]) -> None:
+        """Row r keeps its tree nodes ``paths[r]`` (root first) after its prefix; all tree slots are dropped."""
+        rows, src, dst = [], [], []
+        for r, path in enumerate(paths):
+            if path != list(range(len(path))) or self.lens[r] != self._tree_at:
+                rows += [r] * len(path)
+                src += [self._tree_at + p for p in path]
+                dst += range(self.lens[r], self.lens[r] + len(path))
+            self.lens[r] += len(path)
+        if rows:
+            idx = [torch.tensor(x, dtype=torch.long, device=self.device) for x in (rows, src, dst)]
+            for layer in self.cache.layers:
+                layer.move_slots(*idx)
+        self._truncate()
+
+    def check_room(self, row: int) -> bool:
+        """Whether row ``row`` can take one more token within the context window."""
+        if row >= self.rows:
+            raise DraftTreeError(f"no row {row}")
+        return self.lens[row] + 1 < self.max_positions
