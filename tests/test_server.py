@@ -1,17 +1,17 @@
-"""``drafttree serve``: the OpenAI-compatible HTTP server on the real default model (float32, prompt lookup)."""
+"""``drafttree serve``: the OpenAI-compatible server (FastAPI + uvicorn, batched decoding) on the real default model
+(float32, prompt lookup)."""
 
 from __future__ import annotations
 
 import http.client
 import json
-import threading
 import urllib.error
 import urllib.request
 
 import pytest
 
 from drafttree import SpeculativeModel
-from drafttree.server import create_server
+from drafttree.server import ServerThread, create_app
 
 PROMPT = "Name three colours of the rainbow."
 MESSAGES = [{"role": "user", "content": PROMPT}]
@@ -24,12 +24,9 @@ def sm(default_fp32):
 
 @pytest.fixture(scope="module")
 def server(sm):
-    srv = create_server(sm, "127.0.0.1", 0, max_body_bytes=256 * 1024, quiet=True)
-    t = threading.Thread(target=srv.serve_forever, daemon=True)
-    t.start()
+    srv = ServerThread(create_app(sm, max_body_bytes=256 * 1024)).start()
     yield srv
-    srv.shutdown()
-    srv.server_close()
+    srv.stop()
 
 
 @pytest.fixture(scope="module")
@@ -205,8 +202,8 @@ def test_unknown_path_wrong_verb_and_body_too_large(server):
     assert status == 404 and json.loads(data)["error"]["message"]
     status, headers, data = request(server, "GET", "/v1/chat/completions")
     assert status == 405 and headers["Allow"] == "POST" and json.loads(data)["error"]
-    status, _, _ = request(server, "DELETE", "/v1/models")
-    assert status == 405
+    status, _, data = request(server, "DELETE", "/v1/models")
+    assert status == 405 and json.loads(data)["error"]["code"] == "method_not_allowed"
     host, port = server.server_address[:2]
     conn = http.client.HTTPConnection(host, port, timeout=30)
     conn.putrequest("POST", "/v1/chat/completions")
@@ -219,10 +216,12 @@ def test_unknown_path_wrong_verb_and_body_too_large(server):
 
 
 def test_internal_error_is_500_and_server_survives(server, sm, monkeypatch, expected):
+    from drafttree.batching import BatchDecoder
+
     def boom(*args, **kwargs):
         raise RuntimeError("kaboom")
 
-    monkeypatch.setattr(sm, "stream", boom)
+    monkeypatch.setattr(BatchDecoder, "add", boom)
     status, out = post(server, "/v1/chat/completions", {"messages": MESSAGES, "max_tokens": 4})
     assert status == 500 and "kaboom" in out["error"]["message"] and out["error"]["type"] == "server_error"
     monkeypatch.undo()

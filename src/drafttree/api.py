@@ -103,6 +103,9 @@ class SpeculativeModel:
         self.method_options = method_options
         self._runner = TargetModel(target.model, feature_layers=getattr(head, "aux_layers", None))
         self._drafters: dict[tuple, Drafter] = {}
+        self._batch_target = None
+        self._verify_cost = None
+        self._batch_results: list[GenerationResult | None] = []
         self.tokenizer = target.tokenizer
         self.eos_ids = target.eos_token_ids()
 
@@ -230,13 +233,106 @@ class SpeculativeModel:
             yield StreamChunk(rest, [], step)
         stream.result = GenerationResult(text.text, text.tokens, int(ids.numel()), method, stats)
 
-    def generate(self, prompt: str | list[dict] | torch.Tensor, max_new_tokens: int = 256,
-                 **kwargs) -> GenerationResult:
-        """Generate to completion; see :meth:`stream` for the parameters."""
+    def generate(self, prompt: str | list[dict] | torch.Tensor | list, max_new_tokens: int = 256,
+                 **kwargs) -> GenerationResult | list[GenerationResult]:
+        """Generate to completion; see :meth:`stream` for the parameters. A list of prompts (strings, message
+        lists or token tensors) is decoded as one batch (:meth:`stream_batch`) and gives a list of results."""
+        if is_batch(prompt):
+            for _ in self.stream_batch(prompt, max_new_tokens, **kwargs):
+                pass
+            return self.batch_results()
         s = self.stream(prompt, max_new_tokens, **kwargs)
         for _ in s:
             pass
         return s.result
+
+    def stream_batch(self, prompts: list, max_new_tokens: int = 256, temperature: float = 0.0, top_p: float = 1.0,
+                     top_k: int = 0, stop: list[str] | str | None = None, seed: int | None = None, chat: bool = True,
+                     method: str | None = None, method_options: dict | None = None,
+                     max_batch: int | None = None) -> Iterator[tuple[int, StreamChunk]]:
+        """Decode several prompts together (one target forward verifies every row's tree), yielding
+        ``(prompt index, chunk)`` as each row's tokens are accepted; at most ``max_batch`` rows at a time, the
+        others join as rows finish. Greedy output equals each prompt decoded alone; with ``seed``, row i
+        samples from its own generator seeded ``seed + i``. ``self.batch_results()`` afterwards."""
+        from drafttree.batching import BatchDecoder, Sequence
+
+        if max_new_tokens is None or max_new_tokens <= 0:
+            raise DraftTreeError(f"max_new_tokens must be > 0, got {max_new_tokens}")
+        if max_batch is not None and max_batch <= 0:
+            raise DraftTreeError(f"max_batch must be > 0, got {max_batch}")
+        sampling = Sampling(float(temperature), float(top_p), int(top_k))
+        stops = [stop] if isinstance(stop, str) else list(stop or [])
+        if any(not s for s in stops):
+            raise DraftTreeError("stop strings must be non-empty")
+        ids = [p.reshape(-1) if isinstance(p, torch.Tensor) else self.encode_prompt(p, chat) for p in prompts]
+        ctx = self._runner.max_positions
+        for i, x in enumerate(ids):
+            if x.numel() == 0 or x.numel() >= ctx:
+                raise DraftTreeError(f"prompt {i} is {x.numel()} tokens; it must be 1..{ctx - 1} (context window)")
+        method = self._resolve_method(method or self.method)
+        options = method_options if method_options is not None else (
+            self.method_options if method == self.method else {})
+        seqs, texts = [], []
+        for i, x in enumerate(ids):
+            gen = torch.Generator(device=self.target.device)
+            gen.manual_seed(seed + i if seed is not None else random.randrange(2**63))
+            drafter = make_drafter(method, self.target, self.draft, self.head, **dict(options))
+            seqs.append(Sequence(x.to(self.target.device), drafter, sampling, max_new_tokens, frozenset(self.eos_ids),
+                                 gen, seed is not None, tag=i))
+            texts.append(TextAssembler(self.tokenizer, stops))
+        dec = BatchDecoder(self.batch_target(), self.verify_cost())
+        waiting, limit = list(seqs), max_batch or len(seqs)
+        self._batch_results = [None] * len(seqs)
+        steps = [0] * len(seqs)
+
+        def chunks(seq, new):
+            i = seq.tag
+            text = texts[i]
+            delta = text.feed(new, final=seq.finished and seq.stats.finish_reason == "stop")
+            steps[i] += 1
+            if text.stopped_at is not None and not seq.finished:
+                seq.cancelled = True
+                seq._finish("stop")
+            out = [(i, StreamChunk(delta, new, steps[i]))]
+            if seq.finished:
+                rest = text.finish()
+                if rest:
+                    out.append((i, StreamChunk(rest, [], steps[i])))
+                self._batch_results[i] = GenerationResult(text.text, text.tokens, int(seq.prompt_ids.numel()),
+                                                          method, seq.stats)
+            return out
+
+        while waiting or dec.rows:
+            while waiting and dec.rows < limit:
+                seq = waiting.pop(0)
+                yield from chunks(seq, dec.add(seq))
+            for seq, new in dec.step():
+                yield from chunks(seq, new)
+
+    def batch_results(self) -> list[GenerationResult]:
+        """The results of the last finished :meth:`stream_batch`, in prompt order."""
+        return list(self._batch_results)
+
+    def batch_target(self):
+        """The batched verifier over this target (built once)."""
+        from drafttree.batching import BatchTarget
+
+        if self._batch_target is None:
+            self._batch_target = BatchTarget(self.target.model, getattr(self.head, "aux_layers", None))
+        return self._batch_target
+
+    def verify_cost(self):
+        """This machine's verify-cost curve for the target (measured once, cached on disk)."""
+        from drafttree.budget import cost_model_for
+
+        if self._verify_cost is None:
+            self._verify_cost = cost_model_for(self._runner, self.target.name)
+        return self._verify_cost
+
+
+def is_batch(prompt) -> bool:
+    """A list of prompts (strings, token tensors or message lists), not one chat (a list of message dicts)."""
+    return isinstance(prompt, (list, tuple)) and bool(prompt) and not isinstance(prompt[0], dict)
 
 
 __all__ = ["GenerationResult", "GenerationStream", "SpeculativeModel", "StreamChunk", "asdict"]

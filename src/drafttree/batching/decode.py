@@ -91,22 +91,24 @@ class BatchDecoder:
             self._drop_finished()
         return new
 
-    def _drop_finished(self) -> None:
+    def _drop_finished(self) -> list[tuple[Sequence, list[int]]]:
+        """Remove finished and cancelled rows; returns the rows cancelled since the last round."""
         keep = [i for i, s in enumerate(self.active) if not (s.finished or s.cancelled)]
-        for s in self.active:
-            if s.cancelled and not s.finished:
-                s._finish("cancelled")
+        cancelled = [s for s in self.active if s.cancelled and not s.finished]
+        for s in cancelled:
+            s._finish("cancelled")
         self.target.keep(keep)
         self.active = [self.active[i] for i in keep]
+        return [(s, []) for s in cancelled]
 
     @torch.inference_mode()
     def step(self) -> list[tuple[Sequence, list[int]]]:
         """One draft -> verify -> accept -> commit round over every row; returns each row's new tokens."""
-        self._drop_finished()
+        ended = self._drop_finished()
         for i, seq in enumerate(self.active):
             if not self.target.check_room(i):
                 seq._finish("context")
-        ended = [(s, []) for s in self.active if s.finished]
+        ended += [(s, []) for s in self.active if s.finished]
         self._drop_finished()
         if not self.active:
             return ended
@@ -117,8 +119,9 @@ class BatchDecoder:
         trees, draft_times = [], []
         for i, seq in enumerate(rows):
             t0 = time.perf_counter()
-            cost = BatchShare(self.cost, total - sizes[i], len(rows)) if self.cost is not None and len(rows) > 1 \
-                else None
+            # seeded rows size trees as if alone: their output must not depend on who else is being served
+            batched = self.cost is not None and len(rows) > 1 and not seq.reproducible
+            cost = BatchShare(self.cost, total - sizes[i], len(rows)) if batched else None
             depth = min(seq.max_new_tokens - seq.stats.new_tokens - 1, tgt.max_positions - tgt.lens[i] - 2)
             req = DraftRequest(seq.context, seq.root, max(0, depth), seq.sampling, seq.generator,
                                reproducible=seq.reproducible, cost=cost)

@@ -1,5 +1,7 @@
-"""``drafttree serve``: an OpenAI-compatible HTTP server with a web page that shows accepted tokens."""
+"""``drafttree serve``: an OpenAI-compatible server (FastAPI + uvicorn) over the batched decoder, with a web page
+that shows accepted tokens."""
 
-from drafttree.server.app import create_server
+from drafttree.server.app import create_app
+from drafttree.server.run import ServerThread, serve
 
-__all__ = ["create_server"]
+__all__ = ["ServerThread", "create_app", "serve"]

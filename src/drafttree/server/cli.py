@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 
 from drafttree.errors import DraftTreeError
@@ -9,7 +10,7 @@ from drafttree.errors import DraftTreeError
 
 def cmd_serve(args) -> int:
     import drafttree
-    from drafttree.server.app import create_server
+    from drafttree.server import create_app, serve
 
     if args.threads:
         import torch
@@ -17,25 +18,31 @@ def cmd_serve(args) -> int:
         torch.set_num_threads(args.threads)
     if not 0 <= args.port <= 65535:
         raise DraftTreeError(f"--port must be in 0..65535, got {args.port}")
+    if args.max_batch <= 0 or args.max_queue <= 0:
+        raise DraftTreeError(f"--max-batch and --max-queue must be > 0, got {args.max_batch} and {args.max_queue}")
+    api_key = args.api_key or os.environ.get("DRAFTTREE_API_KEY") or None
+    if args.host not in ("127.0.0.1", "localhost", "::1") and api_key is None:
+        print(f"drafttree: warning: listening on {args.host} without --api-key: anyone who can reach it may use it",
+              file=sys.stderr)
     sm = drafttree.SpeculativeModel.from_pretrained(
         args.model, method=args.method, draft_model=args.draft_model, head=args.head or "auto",
         dtype=args.dtype, device=args.device,
     )
+    app = create_app(sm, api_key=api_key, max_batch=args.max_batch, max_queue=args.max_queue)
+    dtype = str(sm.target.dtype).replace("torch.", "")
+
+    def started(server):
+        sock = server.servers[0].sockets[0].getsockname()
+        host = "127.0.0.1" if sock[0] == "0.0.0.0" else sock[0]
+        url = f"http://[{host}]:{sock[1]}/" if ":" in host else f"http://{host}:{sock[1]}/"
+        print(f"drafttree serving {sm.target.name} ({dtype}, {sm.target.device}, method {sm.method}, up to "
+              f"{args.max_batch} requests per batch) at {url}", flush=True)
+        print(f"  web page {url}   OpenAI API {url}v1   docs {url}docs   (Ctrl+C stops)", flush=True)
+
     try:
-        server = create_server(sm, args.host, args.port, quiet=args.quiet)
+        serve(app, args.host, args.port, quiet=args.quiet, on_start=started)
     except OSError as e:
         raise DraftTreeError(f"cannot listen on {args.host}:{args.port}: {e.strerror or e}") from e
-    url = server.url
-    dtype = str(sm.target.dtype).replace("torch.", "")
-    print(f"drafttree serving {sm.target.name} ({dtype}, {sm.target.device}, method {sm.method}) at {url}",
-          flush=True)
-    print(f"  web page {url}   OpenAI API {url}v1   (Ctrl+C stops)", flush=True)
-    try:
-        server.serve_forever()
-    except KeyboardInterrupt:
-        print("drafttree: server stopped", file=sys.stderr)
-    finally:
-        server.server_close()
     return 0
 
 
@@ -55,5 +62,9 @@ def add_parser(sub) -> None:
     s.add_argument("--host", default="127.0.0.1", help="address to listen on (0.0.0.0 for every interface)")
     s.add_argument("--port", type=int, default=8000, help="TCP port (0 picks a free one)")
     s.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
+    s.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' on /v1 routes "
+                                                    "(default: $DRAFTTREE_API_KEY; none = open, loopback only)")
+    s.add_argument("--max-batch", type=int, default=16, help="requests decoded together (rows per forward)")
+    s.add_argument("--max-queue", type=int, default=64, help="requests waiting beyond the batch; more get 503")
     s.add_argument("--quiet", action="store_true", help="do not log each request")
     s.set_defaults(func=cmd_serve)

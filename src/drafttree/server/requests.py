@@ -3,18 +3,11 @@ OpenAI-style error body (HTTP 400), never an exception inside the server."""
 
 from __future__ import annotations
 
-import json
-import math
+from pydantic import BaseModel, ValidationError
 
 from drafttree.drafters import METHODS
 
 MAX_BODY_BYTES = 4 * 1024 * 1024
-DEFAULT_MAX_TOKENS = 256
-DEFAULT_TEMPERATURE = 1.0  # OpenAI's default; send "temperature": 0 for greedy (token-identical) decoding
-ROUTES = {
-    "/": ("GET",), "/index.html": ("GET",), "/health": ("GET",), "/v1/models": ("GET",),
-    "/v1/drafttree/methods": ("GET",), "/v1/chat/completions": ("POST",), "/v1/completions": ("POST",),
-}
 ROLES = ("system", "developer", "user", "assistant", "tool")
 
 
@@ -37,77 +30,36 @@ def bad_request(message: str, param: str | None = None, code: str | None = None)
 # ------------------------------------------------------------------------------------------ validation
 
 
-def _number(body: dict, key: str, default: float) -> float:
-    v = body.get(key)
-    if v is None:
-        return default
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
-        raise bad_request(f"'{key}' must be a finite number, got {json.dumps(v)}", key, "invalid_type")
-    return float(v)
+def _param(loc: tuple) -> str:
+    """pydantic's error location -> OpenAI's ``param`` ("messages[0].content")."""
+    out = ""
+    for part in loc:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        elif part in ("str", "list[TextPart]", "int", "float", "bool", "list[str]", "function-after[_check()]"):
+            continue  # the branch of a union that failed, not a field
+        else:
+            out += ("." if out else "") + str(part)
+    return out
 
 
-def _integer(body: dict, key: str, default: int | None) -> int | None:
-    v = body.get(key)
-    if v is None:
-        return default
-    if isinstance(v, float) and v.is_integer():
-        v = int(v)
-    if isinstance(v, bool) or not isinstance(v, int):
-        raise bad_request(f"'{key}' must be an integer, got {json.dumps(v)}", key, "invalid_type")
-    return v
-
-
-def sampling_params(body: dict, methods: list[str]) -> dict:
-    """The generation keyword arguments shared by both endpoints, validated."""
-    if body.get("model") is not None and not isinstance(body["model"], str):
-        raise bad_request("'model' must be a string", "model", "invalid_type")
-    key = "max_completion_tokens" if body.get("max_completion_tokens") is not None else "max_tokens"
-    max_tokens = _integer(body, key, DEFAULT_MAX_TOKENS)
-    if max_tokens <= 0:
-        raise bad_request(f"'{key}' must be > 0, got {max_tokens}", key, "invalid_value")
-    temperature = _number(body, "temperature", DEFAULT_TEMPERATURE)
-    if temperature < 0:
-        raise bad_request(f"'temperature' must be >= 0, got {temperature}", "temperature", "invalid_value")
-    top_p = _number(body, "top_p", 1.0)
-    if not 0.0 < top_p <= 1.0:
-        raise bad_request(f"'top_p' must be in (0, 1], got {top_p}", "top_p", "invalid_value")
-    top_k = _integer(body, "top_k", 0)
-    if top_k < 0:
-        raise bad_request(f"'top_k' must be >= 0 (0 = off), got {top_k}", "top_k", "invalid_value")
-    n = _integer(body, "n", 1)
-    if n != 1:
-        raise bad_request("only n=1 is supported (one completion per request)", "n", "invalid_value")
-    seed = _integer(body, "seed", None)
-    if seed is not None:
-        seed &= 2**64 - 1  # torch seeds are unsigned 64-bit; any JSON integer maps to one
-    stop = body.get("stop")
-    if stop is None:
-        stop = []
-    elif isinstance(stop, str):
-        stop = [stop]
-    if not isinstance(stop, list) or not all(isinstance(s, str) and s for s in stop):
-        raise bad_request("'stop' must be a non-empty string or a list of non-empty strings", "stop", "invalid_type")
-    if len(stop) > 16:
-        raise bad_request("at most 16 stop strings", "stop", "invalid_value")
-    stream = body.get("stream", False)
-    if stream is None:
-        stream = False
-    if not isinstance(stream, bool):
-        raise bad_request("'stream' must be a boolean", "stream", "invalid_type")
-    method = body.get("method")
-    if method is not None:
-        if not isinstance(method, str):
-            raise bad_request("'method' must be a string", "method", "invalid_type")
-        if method not in methods:
-            why = "unknown method" if method not in METHODS else "method not available for this model"
-            raise bad_request(f"{why} {method!r}; choose one of {', '.join(methods)}", "method", "invalid_value")
-    for key in ("logprobs", "echo"):
-        if body.get(key):
-            raise bad_request(f"'{key}' is not supported by this server", key, "unsupported")
-    if body.get("suffix") is not None:
-        raise bad_request("'suffix' is not supported by this server", "suffix", "unsupported")
-    return {"max_new_tokens": max_tokens, "temperature": temperature, "top_p": top_p, "top_k": top_k,
-            "stop": stop, "seed": seed, "method": method, "stream": stream}
+def validate(schema: type[BaseModel], body, methods: list[str]) -> BaseModel:
+    """Parse a request body with its pydantic schema; the first problem becomes a 400 with OpenAI's fields."""
+    if not isinstance(body, dict):
+        raise bad_request("the request body must be a JSON object", code="invalid_json")
+    try:
+        req = schema.model_validate(body)
+    except ValidationError as e:
+        err = e.errors()[0]
+        param = _param(err["loc"]) or None
+        code = "missing_required_parameter" if err["type"] == "missing" else (
+            "invalid_type" if "type" in err["type"] or err["type"].endswith("_parsing") else "invalid_value")
+        msg = err["msg"].removeprefix("Value error, ")
+        raise bad_request(f"{param}: {msg}" if param else msg, param, code) from None
+    if req.method is not None and req.method not in methods:
+        why = "unknown method" if req.method not in METHODS else "method not available for this model"
+        raise bad_request(f"{why} {req.method!r}; choose one of {', '.join(methods)}", "method", "invalid_value")
+    return req
 
 
 def _content_text(content, i: int) -> str:

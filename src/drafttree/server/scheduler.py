@@ -1,0 +1,167 @@
+"""The server's scheduler: one thread owns the model and runs the batched decode loop for every request.
+
+Requests wait in a bounded queue (full -> :class:`QueueFull`, answered 503 with Retry-After); between rounds
+the waiting ones join the batch (up to ``max_batch`` rows), each round's tokens go to every request's
+channel, a request whose client went away is cancelled and leaves the batch at the next round. Drafters are
+pooled per method, so what a drafter learned about this target (calibration, gates) carries over.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import random
+import sys
+import threading
+import traceback
+from dataclasses import dataclass, field
+
+import torch
+
+from drafttree.accept import Sampling
+from drafttree.batching import BatchDecoder, Sequence
+from drafttree.detok import TextAssembler
+from drafttree.drafters import make_drafter
+from drafttree.errors import DraftTreeError
+
+
+class QueueFull(Exception):
+    pass
+
+
+@dataclass(eq=False)
+class Job:
+    """One request's generation and the channel its events go to (``("chunk", text, n_tokens, step)``,
+    ``("done", result_dict)`` or ``("error", status, message)``), thread-safe towards its event loop."""
+
+    ids: torch.Tensor
+    method: str
+    sampling: Sampling
+    max_new_tokens: int
+    stops: list[str]
+    seed: int | None
+    loop: asyncio.AbstractEventLoop
+    events: asyncio.Queue = field(default_factory=asyncio.Queue)
+    seq: Sequence | None = None
+    text: TextAssembler | None = None
+    steps: int = 0
+    cancelled: bool = False
+
+    def push(self, *event) -> None:
+        self.loop.call_soon_threadsafe(self.events.put_nowait, event)
+
+    def cancel(self) -> None:
+        self.cancelled = True
+        if self.seq is not None:
+            self.seq.cancelled = True
+
+
+class Scheduler:
+    def __init__(self, sm, max_batch: int = 16, max_queue: int = 64):
+        if max_batch <= 0 or max_queue <= 0:
+            raise DraftTreeError(f"max_batch and max_queue must be > 0, got {max_batch} and {max_queue}")
+        self.sm, self.max_batch, self.max_queue = sm, max_batch, max_queue
+        self.decoder = BatchDecoder(sm.batch_target(), sm.verify_cost())
+        self.pending: collections.deque[Job] = collections.deque()
+        self.cond = threading.Condition()
+        self.pool: dict[str, list] = collections.defaultdict(list)
+        self.stopping = False
+        self.served = 0
+        self.thread = threading.Thread(target=self._run, name="drafttree-scheduler", daemon=True)
+        self.thread.start()
+
+    # ---- called from the web server's threads ---------------------------------------------------------
+    def submit(self, job: Job) -> None:
+        with self.cond:
+            if len(self.pending) >= self.max_queue:
+                raise QueueFull(f"{len(self.pending)} requests are already waiting (limit {self.max_queue})")
+            self.pending.append(job)
+            self.cond.notify()
+
+    def load(self) -> dict:
+        return {"rows": self.decoder.rows, "waiting": len(self.pending), "max_batch": self.max_batch,
+                "max_queue": self.max_queue, "served": self.served}
+
+    def stop(self) -> None:
+        with self.cond:
+            self.stopping = True
+            self.cond.notify()
+        self.thread.join(timeout=30)
+
+    # ---- the model thread -----------------------------------------------------------------------------
+    def _start(self, job: Job) -> None:
+        sm = self.sm
+        drafter = self.pool[job.method].pop() if self.pool[job.method] else make_drafter(
+            job.method, sm.target, sm.draft, sm.head, **(sm.method_options if job.method == sm.method else {}))
+        gen = torch.Generator(device=sm.target.device)
+        gen.manual_seed(job.seed if job.seed is not None else random.randrange(2**63))
+        job.seq = Sequence(job.ids.to(sm.target.device), drafter, job.sampling, job.max_new_tokens,
+                           frozenset(sm.eos_ids), gen, job.seed is not None, tag=job)
+        job.text = TextAssembler(sm.tokenizer, job.stops)
+        self._deliver(job, self.decoder.add(job.seq))
+
+    def _deliver(self, job: Job, new: list[int]) -> None:
+        seq = job.seq
+        delta = job.text.feed(new, final=seq.finished and seq.stats.finish_reason == "stop")
+        if job.text.stopped_at is not None and not seq.finished:
+            seq.cancelled = True  # a stop string: the row leaves at the next round
+            seq._finish("stop")
+        if new or delta:
+            job.steps += 1
+            job.push("chunk", delta, len(new), job.steps)
+        if seq.finished:
+            rest = job.text.finish()
+            if rest:
+                job.push("chunk", rest, 0, job.steps)
+            self.pool[job.method].append(seq.drafter)
+            self.served += 1
+            job.push("done", self._result(job))
+
+    def _result(self, job: Job) -> dict:
+        s = job.seq.stats
+        return {"text": job.text.text, "prompt_tokens": int(job.ids.numel()), "completion_tokens": s.new_tokens,
+                "finish_reason": "stop" if s.finish_reason == "stop" else "length",
+                "drafttree": {"method": job.method, "tau": round(s.tau, 4), "target_forwards": s.target_forwards,
+                              "tokens_per_second": round(s.tokens_per_second, 3),
+                              "accept_lengths": s.accept_lengths, "wall_time": round(s.wall_time, 4)}}
+
+    def _fail_all(self, err: Exception) -> None:
+        traceback.print_exc(file=sys.stderr)
+        for seq in self.decoder.active:
+            seq.tag.push("error", 500, f"internal server error: {type(err).__name__}: {err}")
+        self.decoder = BatchDecoder(self.sm.batch_target(), self.sm.verify_cost())
+        self.decoder.target.keep([])
+
+    def _run(self) -> None:
+        while True:
+            with self.cond:
+                while not self.pending and not self.decoder.rows and not self.stopping:
+                    self.cond.wait()
+                if self.stopping:
+                    for job in list(self.pending) + [s.tag for s in self.decoder.active]:
+                        job.push("error", 503, "the server is shutting down")
+                    return
+                joining = []
+                while self.pending and self.decoder.rows + len(joining) < self.max_batch:
+                    joining.append(self.pending.popleft())
+            for job in joining:
+                if job.cancelled:
+                    continue
+                try:
+                    self._start(job)
+                except DraftTreeError as e:
+                    job.push("error", 400, str(e))
+                except Exception as e:  # noqa: BLE001 - a bug in one request must not stop the server
+                    traceback.print_exc(file=sys.stderr)
+                    job.push("error", 500, f"internal server error: {type(e).__name__}: {e}")
+                    self.decoder.target.keep([i for i, s in enumerate(self.decoder.active)])
+            if not self.decoder.rows:
+                continue
+            try:
+                for seq, new in self.decoder.step():
+                    if seq.stats.finish_reason == "cancelled":
+                        self.pool[seq.tag.method].append(seq.drafter)
+                        continue
+                    self._deliver(seq.tag, new)
+            except Exception as e:  # noqa: BLE001
+                self._fail_all(e)

@@ -1,0 +1,92 @@
+"""Request schemas of the OpenAI-compatible routes (pydantic): types, ranges and defaults in one place, also
+published at ``/docs``. Unknown OpenAI fields are accepted and ignored, as OpenAI-compatible servers do."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from drafttree.server.requests import parse_prompt
+
+DEFAULT_MAX_TOKENS = 256
+DEFAULT_TEMPERATURE = 1.0  # OpenAI's default; send "temperature": 0 for greedy (token-identical) decoding
+MAX_STOPS = 16
+
+
+class TextPart(BaseModel):
+    type: Literal["text"]
+    text: str
+
+
+class Message(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: str | list[TextPart] | None = None
+
+
+class GenerationParams(BaseModel):
+    model_config = ConfigDict(extra="allow", strict=True, allow_inf_nan=False)
+    model: str | None = None
+    max_tokens: int | None = Field(None, gt=0, description=f"new tokens at most (default {DEFAULT_MAX_TOKENS})")
+    max_completion_tokens: int | None = Field(None, gt=0, description="same as max_tokens (newer OpenAI name)")
+    temperature: float | None = Field(None, ge=0, description="0 = greedy: exactly the target's tokens")
+    top_p: float | None = Field(None, gt=0, le=1)
+    top_k: int | None = Field(None, ge=0, description="0 = off")
+    n: int | None = Field(None, ge=1, le=1, description="one completion per request")
+    seed: int | None = Field(None, description="reproducible sampling, whatever else the server is serving")
+    stop: Any = Field(None, description="a string or up to 16 strings that end the completion")
+    stream: bool | None = Field(None, description="Server-Sent Events, one event per target forward")
+    method: str | None = Field(None, description="drafting method (GET /v1/drafttree/methods); default: the server's")
+    logprobs: Any = None
+    echo: Any = None
+    suffix: Any = None
+
+    @field_validator("stop", mode="before")
+    @classmethod
+    def _stop(cls, v):
+        if v is None:
+            return []
+        v = [v] if isinstance(v, str) else v
+        if not isinstance(v, list) or not all(isinstance(s, str) and s for s in v):
+            raise ValueError("must be a non-empty string or a list of non-empty strings")
+        if len(v) > MAX_STOPS:
+            raise ValueError(f"at most {MAX_STOPS} stop strings")
+        return v
+
+    @field_validator("logprobs", "echo", "suffix", mode="before")
+    @classmethod
+    def _unsupported(cls, v):
+        if v:
+            raise ValueError("is not supported by this server")
+        return v
+
+    @field_validator("seed", mode="after")
+    @classmethod
+    def _seed(cls, v):
+        return None if v is None else v & (2**64 - 1)  # torch seeds are unsigned 64-bit
+
+    def generation(self) -> dict:
+        """Keyword arguments for a generation, defaults applied."""
+        return {"max_new_tokens": self.max_completion_tokens or self.max_tokens or DEFAULT_MAX_TOKENS,
+                "temperature": DEFAULT_TEMPERATURE if self.temperature is None else self.temperature,
+                "top_p": 1.0 if self.top_p is None else self.top_p, "top_k": self.top_k or 0,
+                "stop": self.stop or [], "seed": self.seed}
+
+
+class ChatRequest(GenerationParams):
+    messages: list[Message] = Field(min_length=1)
+
+
+class CompletionRequest(GenerationParams):
+    prompt: str | list[int] | list[str] = Field(description="text, or a list of token ids (no chat template)")
+
+    @field_validator("prompt", mode="before")
+    @classmethod
+    def _prompt(cls, v):
+        from drafttree.server.requests import RequestError
+
+        try:
+            return parse_prompt({"prompt": v})
+        except RequestError as e:
+            raise ValueError(e.message) from None
