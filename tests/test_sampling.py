@@ -216,3 +216,56 @@ def test_eagle_tree_broken_rule_is_caught(monkeypatch):
                                  total_tokens=8)
     p12, p3, _ = _decode_loop_pvalues(None, Sampling(1.0), drafter=drafter, target=target)
     assert min(p12, p3) < 1e-4, f"broken rule not detected on trees (p={p12:.2e}, {p3:.2e})"
+
+
+# ------------------------------------------------------------------- batched decoding keeps every row's law
+
+
+def _batch_pvalues(opts: dict, s: Sampling, n: int = 800):
+    """Three rows per batch (two prompts, ragged lengths), decoded together n times: each row's first three
+    tokens against the exact distribution of its own prompt."""
+    from drafttree.batching import BatchTarget, Sequence, decode_batch
+    from drafttree.drafters.draft_model import DraftModelDrafter
+
+    vocab = 12
+    target = tiny_causal_lm("llama", vocab=vocab, hidden=32, seed=0)
+    draft = tiny_causal_lm("llama", vocab=vocab, hidden=32, seed=7)
+    prompts = [[3, 5, 7, 2], [1, 4, 4, 9, 6, 2, 8], [3, 5, 7, 2]]
+    bt = BatchTarget(target)
+    drafters = [DraftModelDrafter(draft, vocab, **opts) for _ in prompts]
+    g = torch.Generator().manual_seed(321)
+    c12 = {0: np.zeros(vocab * vocab), 1: np.zeros(vocab * vocab)}
+    c3 = {0: np.zeros(vocab), 1: np.zeros(vocab)}
+    deep = 0
+    for _ in range(n):
+        seqs = [Sequence(torch.tensor(p), d, s, 5, generator=g) for p, d in zip(prompts, drafters)]
+        decode_batch(bt, seqs)
+        for p_idx, seq in zip((0, 1, 0), seqs):
+            t = seq.tokens
+            c12[p_idx][t[0] * vocab + t[1]] += 1
+            c3[p_idx][t[2]] += 1
+            deep += max(seq.stats.tree_sizes, default=1) >= 4
+    assert deep > n, "the batch should verify trees of several nodes"
+    pvals = []
+    for p_idx, prompt in enumerate(prompts[:2]):
+        joint, third = _exact_prefix_dist(target, prompt, s, vocab)
+        pvals += [chi2_pvalue(c12[p_idx], joint), chi2_pvalue(c3[p_idx], third)]
+    return pvals
+
+
+@pytest.mark.parametrize("opts,s", [
+    ({"k": 3}, Sampling(1.0)),  # sampled chains: the q-ratio rule
+    ({"k": 3, "tree": True, "top_k": 3, "total_tokens": 8}, Sampling(0.9, top_p=0.95)),  # top-k trees
+])
+def test_batched_decoding_preserves_each_rows_distribution(opts, s):
+    pvals = _batch_pvalues(opts, s)
+    assert min(pvals) > 1e-3, f"p-values {pvals}"
+
+
+def test_batched_broken_rule_is_caught(monkeypatch):
+    import drafttree.accept as A
+    import drafttree.batching.decode as BD
+
+    monkeypatch.setattr(BD, "accept", lambda tree, logits, s, g: A.accept_sampling(tree, logits, s, g, _broken=True))
+    pvals = _batch_pvalues({"k": 3}, Sampling(1.0))
+    assert min(pvals) < 1e-4, f"broken rule not detected in a batch (p-values {pvals})"
