@@ -9,6 +9,7 @@ from dataclasses import asdict, dataclass, field
 import torch
 
 from drafttree.accept import Sampling
+from drafttree.batching.policy import DraftOrPlain
 from drafttree.decode import DecodeStats, decode
 from drafttree.detok import TextAssembler
 from drafttree.drafters import Drafter, check_method, make_drafter
@@ -104,6 +105,7 @@ class SpeculativeModel:
         self._runner = TargetModel(target.model, feature_layers=getattr(head, "aux_layers", None))
         self._drafters: dict[tuple, Drafter] = {}
         self._batch_target = None
+        self.batch_policy = DraftOrPlain()  # what batched rounds measured: kept across calls
         self._verify_cost = None
         self._batch_results: list[GenerationResult | None] = []
         self.tokenizer = target.tokenizer
@@ -280,7 +282,7 @@ class SpeculativeModel:
             seqs.append(Sequence(x.to(self.target.device), drafter, sampling, max_new_tokens, frozenset(self.eos_ids),
                                  gen, seed is not None, tag=i))
             texts.append(TextAssembler(self.tokenizer, stops))
-        dec = BatchDecoder(self.batch_target(), self.verify_cost())
+        dec = BatchDecoder(self.batch_target(), self.verify_cost(), self.batch_policy)
         waiting, limit = list(seqs), max_batch or len(seqs)
         self._batch_results = [None] * len(seqs)
         steps = [0] * len(seqs)

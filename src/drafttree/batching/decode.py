@@ -16,10 +16,12 @@ from dataclasses import dataclass, field
 import torch
 
 from drafttree.accept import Sampling, accept, sample_token
+from drafttree.batching.policy import DraftOrPlain
 from drafttree.batching.target import BatchTarget
 from drafttree.budget import BatchShare, CostModel
 from drafttree.decode import DecodeStats
 from drafttree.drafters.base import Drafter, DraftRequest
+from drafttree.tree import DraftTree
 
 
 @dataclass(eq=False)
@@ -50,8 +52,11 @@ class Sequence:
 class BatchDecoder:
     """The batched decode loop: :meth:`add` a sequence (prefill), :meth:`step` one round for all rows."""
 
-    def __init__(self, target: BatchTarget, cost: CostModel | None = None):
+    def __init__(self, target: BatchTarget, cost: CostModel | None = None, policy: DraftOrPlain | None = None):
+        """``policy`` decides per round whether unseeded rows draft at all (default :class:`DraftOrPlain`:
+        measured against plain batched decoding; :class:`AlwaysDraft` leaves it to each row's drafter)."""
         self.target, self.cost = target, cost
+        self.policy = policy if policy is not None else DraftOrPlain()
         self.active: list[Sequence] = []
 
     @property
@@ -117,8 +122,13 @@ class BatchDecoder:
         sizes = [s.last_tree for s in rows]
         total = sum(sizes)
         trees, draft_times = [], []
+        drafting = self.policy.choose(len(rows))
         for i, seq in enumerate(rows):
             t0 = time.perf_counter()
+            if not drafting and not seq.reproducible:
+                trees.append(DraftTree.root_only(seq.root, tgt.device))
+                draft_times.append(0.0)
+                continue
             # seeded rows size trees as if alone: their output must not depend on who else is being served
             batched = self.cost is not None and len(rows) > 1 and not seq.reproducible
             cost = BatchShare(self.cost, total - sizes[i], len(rows)) if batched else None
@@ -149,6 +159,7 @@ class BatchDecoder:
             st.tree_sizes.append(tree.size)
             results.append((seq, self._emit(seq, committed[1:] + [nxt])))
         wall = time.perf_counter() - t_round
+        self.policy.record(len(rows), drafting, sum(len(p) for p, _ in accepted), wall)
         for seq in rows:  # every row waited for the whole round
             seq.stats.wall_time += wall
             seq.stats.time_other = max(0.0, seq.stats.wall_time - seq.stats.time_prefill - seq.stats.time_draft

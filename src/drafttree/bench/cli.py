@@ -5,6 +5,7 @@
                     [--max-new-tokens N] [--prompts N] [--repeats R] [--warmup W] [--dtype D] [--device D]
                     [--threads N] [--seed S] [--out DIR] [--overwrite] [--no-plots]
     drafttree bench report RUN_DIR [RUN_DIR ...] --out docs/benchmarks.md
+    drafttree bench concurrency [--users 1,4,16,64] [--methods auto,ar,hf-ar] [--max-new-tokens N]
 """
 
 from __future__ import annotations
@@ -117,6 +118,10 @@ def add_parser(sub) -> None:
     r.add_argument("runs", nargs="+", help="run directories (with summary.json)")
     r.add_argument("--out", dest="report_out", default="docs/benchmarks.md", help="Markdown file to write")
     r.set_defaults(func=cmd_report)
+
+    from drafttree.bench.concurrency import add_parser as add_concurrency
+
+    add_concurrency(rsub)
 
 
 __all__ = ["add_parser", "cmd_bench", "cmd_report"]

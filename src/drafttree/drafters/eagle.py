@@ -53,6 +53,7 @@ class EagleState:
         self.root_feat: torch.Tensor | None = None
         self._root_lp: torch.Tensor | None = None
         self.slot_feats: list[torch.Tensor] = []  # predicted features of this round's expanded slots
+        self._queued: list[tuple[torch.Tensor, list[int], int]] = []  # committed pairs not yet encoded
 
     def _run(self, feats: torch.Tensor, ids: torch.Tensor, positions: torch.Tensor, attend: torch.Tensor):
         mask = tree_attention_mask(attend, self.committed, self.head.fc.weight.dtype)
@@ -69,28 +70,44 @@ class EagleState:
 
     @torch.inference_mode()
     def encode(self, feats: torch.Tensor, next_ids: list[int], start: int) -> None:
-        """Commit true pairs (feature t, token t+1) for positions start.. and predict the next root feature."""
+        """Commit true pairs (feature t, token t+1) for positions start.. and predict the next root feature.
+
+        Deferred until the head drafts again: rounds that do not draft (a gated source, a batch verifying
+        roots only) cost no head forward, and the pairs of several rounds are encoded in one."""
+        if self._queued and self._queued[-1][2] + len(self._queued[-1][1]) != start:
+            self._flush()
+        self._queued.append((feats, list(next_ids), start))
+        self.root_pos = start + len(next_ids)
+        self._root_lp = None
+
+    def _flush(self) -> None:
+        if not self._queued:
+            return
         if self.cache is None:
             self.cache = GrowingCache()
         self._crop()
         dev = self.head.fc.weight.device
-        n = len(next_ids)
+        feats = torch.cat([f.to(dev) for f, _, _ in self._queued])
+        ids = [t for _, chunk, _ in self._queued for t in chunk]
+        start = self._queued[0][2]
+        self._queued = []
+        n = len(ids)
         causal = torch.tril(torch.ones(n, n, dtype=torch.bool, device=dev))
-        out = self._run(feats.to(dev), torch.tensor(next_ids, device=dev), torch.arange(start, start + n, device=dev),
-                        causal)
+        out = self._run(feats, torch.tensor(ids, device=dev), torch.arange(start, start + n, device=dev), causal)
         self.committed += n
-        self.root_pos = start + n
         self.root_feat = out[-1]
-        self._root_lp = None
 
     # -- TreeStepper -----------------------------------------------------------------------------------
+    @torch.inference_mode()
     def root_logprobs(self) -> torch.Tensor:
+        self._flush()
         if self._root_lp is None:
             self._root_lp = torch.log_softmax(self.head.draft_logits(self.root_feat).float(), dim=-1)
         return self._root_lp
 
     @torch.inference_mode()
     def expand(self, tokens: torch.Tensor, parent_slots: torch.Tensor, attend: torch.Tensor, depth: int):
+        self._flush()
         feats = torch.stack([self.root_feat if s < 0 else self.slot_feats[s] for s in parent_slots.tolist()])
         pos = torch.full((tokens.numel(),), self.root_pos + depth - 1, dtype=torch.long, device=feats.device)
         out = self._run(feats, tokens.to(feats.device), pos, attend)

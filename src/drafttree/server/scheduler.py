@@ -61,7 +61,7 @@ class Scheduler:
         if max_batch <= 0 or max_queue <= 0:
             raise DraftTreeError(f"max_batch and max_queue must be > 0, got {max_batch} and {max_queue}")
         self.sm, self.max_batch, self.max_queue = sm, max_batch, max_queue
-        self.decoder = BatchDecoder(sm.batch_target(), sm.verify_cost())
+        self.decoder = BatchDecoder(sm.batch_target(), sm.verify_cost(), sm.batch_policy)
         self.pending: collections.deque[Job] = collections.deque()
         self.cond = threading.Condition()
         self.pool: dict[str, list] = collections.defaultdict(list)
@@ -129,7 +129,7 @@ class Scheduler:
         traceback.print_exc(file=sys.stderr)
         for seq in self.decoder.active:
             seq.tag.push("error", 500, f"internal server error: {type(err).__name__}: {err}")
-        self.decoder = BatchDecoder(self.sm.batch_target(), self.sm.verify_cost())
+        self.decoder = BatchDecoder(self.sm.batch_target(), self.sm.verify_cost(), self.sm.batch_policy)
         self.decoder.target.keep([])
 
     def _run(self) -> None:

@@ -1,0 +1,64 @@
+"""Whether a batched round drafts at all: measured, per batch size, against plain batched decoding.
+
+A verify-cost curve measured on one sequence does not say what a forward over several rows costs (each row
+reads its own past, masks grow with the batch), and drafting runs once per row. So the batch keeps, per
+batch-size bucket, the measured tokens per second of rounds with drafts and of plain rounds (every row
+verifies its root only), uses the better and probes the other now and then (the wait doubling after a failed
+probe). The default therefore never settles below batched plain decoding. Seeded rows ignore it (their
+trees must not depend on the clock) and draft as they would alone.
+"""
+
+from __future__ import annotations
+
+
+def bucket(rows: int) -> int:
+    """1, 2, 4, 8, ...: batch sizes within a factor of two share what was measured."""
+    return 1 << (max(1, rows).bit_length() - 1)
+
+
+class DraftOrPlain:
+    def __init__(self, probe: int = 8, max_probe: int = 128, decay: float = 0.7):
+        self.probe, self.max_probe, self.decay = probe, max_probe, decay
+        self.rate: dict[tuple[int, bool], float] = {}  # (bucket, drafted) -> tokens per second (EMA)
+        self.wait: dict[tuple[int, bool], int] = {}
+        self.since: dict[int, int] = {}
+
+    def choose(self, rows: int) -> bool:
+        """True: this round drafts."""
+        b = bucket(rows)
+        for drafted in (True, False):
+            if (b, drafted) not in self.rate:
+                return drafted
+        best = self.rate[(b, True)] >= self.rate[(b, False)]
+        self.since[b] = self.since.get(b, 0) + 1
+        if self.since[b] >= self.wait.get((b, not best), self.probe):
+            self.since[b] = 0
+            return not best  # probe the other mode once
+        return best
+
+    def record(self, rows: int, drafted: bool, tokens: int, seconds: float) -> None:
+        if seconds <= 0:
+            return
+        b, key = bucket(rows), (bucket(rows), drafted)
+        rate = tokens / seconds
+        was_best = key in self.rate and (b, not drafted) in self.rate and \
+            self.rate[key] >= self.rate[(b, not drafted)]
+        self.rate[key] = rate if key not in self.rate else self.decay * self.rate[key] + (1 - self.decay) * rate
+        other = (b, not drafted)
+        if other in self.rate and self.rate[key] < self.rate[other] and not was_best:
+            self.wait[key] = min(self.max_probe, 2 * self.wait.get(key, self.probe))  # a failed probe
+        elif other in self.rate and self.rate[key] >= self.rate[other]:
+            self.wait[key] = self.probe
+
+    def summary(self) -> dict:
+        return {f"{b}:{'draft' if d else 'plain'}": round(r, 2) for (b, d), r in sorted(self.rate.items())}
+
+
+class AlwaysDraft(DraftOrPlain):
+    """Every round drafts (each row's drafter and budget alone decide its tree): for tests and comparisons."""
+
+    def choose(self, rows: int) -> bool:
+        return True
+
+    def record(self, rows: int, drafted: bool, tokens: int, seconds: float) -> None:
+        pass

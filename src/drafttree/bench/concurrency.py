@@ -1,0 +1,154 @@
+"""``drafttree bench concurrency``: many users at once. For each number of concurrent users U, U requests
+(first turns of the six tasks' questions, interleaved) arrive together and are decoded as one continuously
+batched group; printed per method: aggregate tokens/s, tokens/s per user (tokens / time until that user's
+last token), tau and the mean verified tree size. Methods: ours (``auto``, ``ar`` = batched plain decoding,
+any other) and ``hf-ar`` (transformers' ``generate`` on the same padded batch)."""
+
+from __future__ import annotations
+
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from drafttree.bench.tasks import BUILTIN, load_tasks
+from drafttree.errors import DraftTreeError
+
+
+def interleaved_prompts(tasks: list[str], n: int, data_dir=None) -> list[str]:
+    loaded = load_tasks(tasks, data_dir)
+    out, i = [], 0
+    while len(out) < n:
+        added = False
+        for t in loaded:
+            if i < len(t.questions):
+                out.append(t.questions[i].turns[0])
+                added = True
+                if len(out) == n:
+                    break
+        if not added:
+            raise DraftTreeError(f"only {len(out)} questions in {', '.join(tasks)}; {n} users need {n}")
+        i += 1
+    return out
+
+
+def run_ours(sm, prompts: list[str], method: str, max_new_tokens: int) -> dict:
+    t0 = time.perf_counter()
+    done: dict[int, float] = {}
+    for i, _chunk in sm.stream_batch(prompts, max_new_tokens, method=None if method == "auto" else method,
+                                     max_batch=len(prompts)):
+        done[i] = time.perf_counter() - t0
+    wall = time.perf_counter() - t0
+    results = sm.batch_results()
+    tokens = [r.new_tokens for r in results]
+    sizes = [s for r in results for s in r.stats.tree_sizes]
+    return {"wall": wall, "tokens": tokens, "finish": [done[i] for i in range(len(prompts))],
+            "tau": statistics.mean(r.tau for r in results), "tree": statistics.mean(sizes) if sizes else 1.0}
+
+
+@torch.inference_mode()
+def run_hf(sm, prompts: list[str], max_new_tokens: int) -> dict:
+    """transformers' generate over the left-padded batch (greedy), stopping at EOS per row."""
+    tok, model = sm.tokenizer, sm.target.model
+    ids = [sm.encode_prompt(p).tolist() for p in prompts]
+    width = max(map(len, ids))
+    pad = tok.pad_token_id if tok.pad_token_id is not None else sorted(sm.eos_ids)[0]
+    batch = torch.tensor([[pad] * (width - len(x)) + x for x in ids], device=sm.target.device)
+    mask = torch.tensor([[0] * (width - len(x)) + [1] * len(x) for x in ids], device=sm.target.device)
+    t0 = time.perf_counter()
+    out = model.generate(batch, attention_mask=mask, max_new_tokens=max_new_tokens, do_sample=False,
+                         eos_token_id=sorted(sm.eos_ids), pad_token_id=pad, top_k=None, top_p=None)
+    wall = time.perf_counter() - t0
+    tokens = []
+    for row in out[:, width:].tolist():
+        n = len(row)
+        for j, t in enumerate(row):
+            if t in sm.eos_ids:
+                n = j + 1
+                break
+        tokens.append(n)
+    return {"wall": wall, "tokens": tokens, "finish": [wall] * len(prompts), "tau": 1.0, "tree": 1.0}
+
+
+def measure(sm, users: list[int], methods: list[str], max_new_tokens: int, tasks: list[str], data_dir=None,
+            warmup: bool = True) -> list[dict]:
+    prompts = interleaved_prompts(tasks, max(users), data_dir)
+    if warmup:
+        for m in methods:  # first calls pay for allocations, calibration and kernel selection
+            (run_hf(sm, prompts[:2], 8) if m == "hf-ar" else run_ours(sm, prompts[:2], m, 8))
+    rows = []
+    for u in users:
+        for m in methods:
+            r = run_hf(sm, prompts[:u], max_new_tokens) if m == "hf-ar" else run_ours(sm, prompts[:u], m,
+                                                                                      max_new_tokens)
+            per_user = [n / f for n, f in zip(r["tokens"], r["finish"])]
+            row = {"users": u, "method": m, "aggregate_tps": sum(r["tokens"]) / r["wall"],
+                   "per_user_tps": statistics.mean(per_user), "tokens": sum(r["tokens"]), "wall": r["wall"],
+                   "tau": r["tau"], "mean_tree": r["tree"]}
+            rows.append(row)
+            print(f"[concurrency] {u:3d} users  {m:10s} aggregate {row['aggregate_tps']:7.1f} tok/s   per user "
+                  f"{row['per_user_tps']:6.2f} tok/s   tau {row['tau']:.2f}   tree {row['mean_tree']:.1f}",
+                  file=sys.stderr, flush=True)
+    return rows
+
+
+def table(rows: list[dict], methods: list[str]) -> str:
+    users = sorted({r["users"] for r in rows})
+    get = {(r["users"], r["method"]): r for r in rows}
+    alone = get.get((1, "auto"))
+    lines = ["| users | " + " | ".join(f"{m} aggregate tok/s (per user)" for m in methods)
+             + (" | auto vs ar | auto vs auto alone |" if "auto" in methods and "ar" in methods else " |"),
+             "|---|" + "---|" * len(methods) + ("---|---|" if "auto" in methods and "ar" in methods else "")]
+    for u in users:
+        cells = [f"{get[(u, m)]['aggregate_tps']:.1f} ({get[(u, m)]['per_user_tps']:.2f})" for m in methods]
+        extra = ""
+        if "auto" in methods and "ar" in methods:
+            a, b = get[(u, "auto")], get[(u, "ar")]
+            extra = f" {a['aggregate_tps'] / b['aggregate_tps']:.2f}x |"
+            extra += f" {a['aggregate_tps'] / alone['aggregate_tps']:.2f}x |" if alone else " – |"
+        lines.append(f"| {u} | " + " | ".join(cells) + " |" + extra)
+    return "\n".join(lines) + "\n"
+
+
+def cmd_concurrency(args) -> int:
+    import drafttree
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    users = sorted({int(x) for x in args.users.split(",")})
+    if not users or min(users) <= 0:
+        raise DraftTreeError(f"--users must be positive integers, got {args.users!r}")
+    methods = [m.strip() for m in args.methods.split(",") if m.strip()]
+    tasks = [t.strip() for t in args.tasks.split(",") if t.strip()]
+    sm = drafttree.SpeculativeModel.from_pretrained(args.model, dtype=args.dtype, device=args.device)
+    rows = measure(sm, users, methods, args.max_new_tokens, tasks, args.data_dir)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    meta = {"command": "drafttree bench concurrency " + " ".join(sys.argv[3:]), "model": sm.target.name,
+            "dtype": str(sm.target.dtype).replace("torch.", ""), "device": str(sm.target.device),
+            "threads": torch.get_num_threads(), "max_new_tokens": args.max_new_tokens, "tasks": tasks,
+            "auto_is": sm.method}
+    (out / "concurrency.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
+    md = (f"`{meta['command']}` — {meta['model']}, {meta['dtype']}, {meta['device']}, {meta['threads']} threads, "
+          f"{args.max_new_tokens} new tokens per request, T=0; auto = {sm.method}\n\n" + table(rows, methods))
+    (out / "concurrency.md").write_text(md)
+    print(md)
+    return 0
+
+
+def add_parser(rsub) -> None:
+    c = rsub.add_parser("concurrency", help="aggregate and per-user throughput with U concurrent users (batched)")
+    c.add_argument("--users", default="1,4,16,64", help="comma-separated numbers of concurrent users")
+    c.add_argument("--methods", default="auto,ar,hf-ar", help="ours (auto, ar, ...) and hf-ar")
+    c.add_argument("--tasks", default=",".join(BUILTIN), help="question sets the prompts come from")
+    c.add_argument("--data-dir", default=None, help="folder with alpaca.jsonl")
+    c.add_argument("--max-new-tokens", type=int, default=64)
+    c.add_argument("--model", default="smollm2-135m-instruct")
+    c.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"])
+    c.add_argument("--device", default="auto")
+    c.add_argument("--threads", type=int, default=None)
+    c.add_argument("--out", default="runs/concurrency")
+    c.set_defaults(func=cmd_concurrency)
