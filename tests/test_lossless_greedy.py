@@ -196,8 +196,12 @@ def test_oracle_chain_is_the_full_chain_cut_where_the_target_rejects(shipped):
 def test_batched_decoding_is_lossless(shipped, references, method):
     """Eleven prompts of different lengths, at most four rows at a time (rows join as others finish, the
     budget shrinks trees for the batch): every row equals plain decoding, token for token."""
+    from drafttree.batching import AlwaysDraft, DraftOrPlain
+
+    shipped.batch_policy = AlwaysDraft() if method != "ar" else DraftOrPlain()  # every round drafts: tested
     results = shipped.generate(PROMPTS, max_new_tokens=MAX_NEW, method=None if method == "auto" else method,
                                max_batch=4)
+    shipped.batch_policy = DraftOrPlain()
     assert [r.tokens for r in results] == references
     if method != "ar":
         assert max(r.tau for r in results) > 1.3, "rows should accept drafts in a batch too"

@@ -1,0 +1,33 @@
+"""DraftOrPlain: per batch size, the better of drafting and plain rounds, with probes of the other."""
+
+from drafttree.batching.policy import DraftOrPlain, bucket
+
+
+def run(policy: DraftOrPlain, rows: int, rates: dict[bool, float], rounds: int) -> list[bool]:
+    choices = []
+    for _ in range(rounds):
+        d = policy.choose(rows)
+        choices.append(d)
+        policy.record(rows, d, int(rates[d] * 10), 10.0)
+    return choices
+
+
+def test_buckets():
+    assert [bucket(n) for n in (1, 2, 3, 4, 7, 8, 16, 63, 64)] == [1, 2, 2, 4, 4, 8, 16, 32, 64]
+
+
+def test_picks_the_faster_mode_and_probes_the_other_less_and_less():
+    p = DraftOrPlain(probe=4, max_probe=32)
+    choices = run(p, 16, {True: 2.0, False: 5.0}, 200)
+    assert choices[:2] == [True, False]  # both measured first
+    assert sum(choices) < 20, "plain rounds pay more here: drafting only as probes"
+    gaps = [i for i, c in enumerate(choices) if c][2:]
+    assert gaps[-1] - gaps[-2] > gaps[1] - gaps[0], "failed probes wait longer and longer"
+    assert sum(run(DraftOrPlain(), 16, {True: 5.0, False: 2.0}, 100)) > 85  # drafting pays: mostly drafting
+
+
+def test_batch_sizes_are_measured_separately():
+    p = DraftOrPlain(probe=4)
+    run(p, 1, {True: 5.0, False: 2.0}, 50)
+    run(p, 16, {True: 2.0, False: 5.0}, 50)
+    assert p.rate[(1, True)] > p.rate[(1, False)] and p.rate[(16, False)] > p.rate[(16, True)]
