@@ -192,7 +192,7 @@ def test_oracle_chain_is_the_full_chain_cut_where_the_target_rejects(shipped):
 # ------------------------------------------------------------------ batched decoding: rows sharing forwards
 
 
-@pytest.mark.parametrize("method", ["ar", "auto", "eagle2"])
+@pytest.mark.parametrize("method", ["ar", "auto"])
 def test_batched_decoding_is_lossless(shipped, references, method):
     """Eleven prompts of different lengths, at most four rows at a time (rows join as others finish, the
     budget shrinks trees for the batch): every row equals plain decoding, token for token."""

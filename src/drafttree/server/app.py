@@ -249,7 +249,12 @@ async def complete(svc: Service, request: Request, chat: bool):
     event = first
     try:
         while event[0] == "chunk":
-            event = await job.events.get()
+            try:
+                event = await asyncio.wait_for(job.events.get(), timeout=1.0)
+            except asyncio.TimeoutError:
+                if await request.is_disconnected():  # nobody will read the answer: free the row
+                    job.cancel()
+                    return JSONResponse({}, status_code=499)
     except asyncio.CancelledError:
         job.cancel()
         raise
