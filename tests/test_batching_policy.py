@@ -31,3 +31,10 @@ def test_batch_sizes_are_measured_separately():
     run(p, 1, {True: 5.0, False: 2.0}, 50)
     run(p, 16, {True: 2.0, False: 5.0}, 50)
     assert p.rate[(1, True)] > p.rate[(1, False)] and p.rate[(16, False)] > p.rate[(16, True)]
+
+
+def test_a_new_batch_size_starts_from_the_nearest_measured_one():
+    p = DraftOrPlain(probe=4)
+    run(p, 16, {True: 2.0, False: 5.0}, 30)
+    first = run(p, 8, {True: 2.0, False: 5.0}, 4)
+    assert first == [False] * 4, "8 rows start plain, as 16 rows measured, and probe only after the wait"

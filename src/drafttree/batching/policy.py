@@ -23,12 +23,26 @@ class DraftOrPlain:
         self.wait: dict[tuple[int, bool], int] = {}
         self.since: dict[int, int] = {}
 
+    def _nearest(self, b: int) -> int | None:
+        """The measured batch size closest to ``b`` (in factors of two), for a size not measured yet."""
+        known = {k for (k, _) in self.rate if (k, True) in self.rate and (k, False) in self.rate}
+        return min(known, key=lambda k: (abs(k.bit_length() - b.bit_length()), -k)) if known else None
+
     def choose(self, rows: int) -> bool:
         """True: this round drafts."""
         b = bucket(rows)
-        for drafted in (True, False):
-            if (b, drafted) not in self.rate:
-                return drafted
+        if (b, True) not in self.rate or (b, False) not in self.rate:
+            near = self._nearest(b)
+            if near is not None and near != b:  # start from what the nearest size measured, test the other
+                best = self.rate[(near, True)] >= self.rate[(near, False)]
+                if (b, best) not in self.rate:
+                    return best
+                self.since[b] = self.since.get(b, 0) + 1  # the other mode: a probe like any other
+                if self.since[b] >= self.probe:
+                    self.since[b] = 0
+                    return not best
+                return best
+            return (b, True) not in self.rate  # nothing measured anywhere: try drafting, then plain
         best = self.rate[(b, True)] >= self.rate[(b, False)]
         self.since[b] = self.since.get(b, 0) + 1
         if self.since[b] >= self.wait.get((b, not best), self.probe):

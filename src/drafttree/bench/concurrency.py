@@ -135,8 +135,51 @@ def cmd_concurrency(args) -> int:
     md = (f"`{meta['command']}` — {meta['model']}, {meta['dtype']}, {meta['device']}, {meta['threads']} threads, "
           f"{args.max_new_tokens} new tokens per request, T=0; auto = {sm.method}\n\n" + table(rows, methods))
     (out / "concurrency.md").write_text(md)
+    plot(rows, methods, out / "concurrency.png")
     print(md)
     return 0
+
+
+def plot(rows: list[dict], methods: list[str], path: Path) -> None:
+    """Aggregate tokens/s against concurrent users, one line per method (log-scaled users)."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return
+    fig, ax = plt.subplots(figsize=(6, 3.6))
+    for m in methods:
+        pts = sorted((r["users"], r["aggregate_tps"]) for r in rows if r["method"] == m)
+        ax.plot([u for u, _ in pts], [t for _, t in pts], marker="o", label=m)
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("concurrent users")
+    ax.set_ylabel("aggregate tokens / s")
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def render_section(run_dir: Path, img_dir: Path, slug: str) -> str:
+    """The benchmark document's section for a ``bench concurrency`` run directory."""
+    import shutil
+
+    data = json.loads((run_dir / "concurrency.json").read_text())
+    meta, rows = data["meta"], data["rows"]
+    methods = list(dict.fromkeys(r["method"] for r in rows))
+    text = [f"## Many users at once: {meta['model']}, {meta['dtype']}, {meta['device']}, {meta['threads']} threads, "
+            f"{meta['max_new_tokens']} new tokens per request, T=0", "", "Command:", "", "```sh", meta["command"],
+            "```", "", f"Aggregate tokens/s (tokens/s per user in brackets; a user's rate is its tokens over the "
+            f"time until its last token, prefill and queueing included). auto = {meta['auto_is']}.", "",
+            table(rows, methods)]
+    if (run_dir / "concurrency.png").exists():
+        img_dir.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(run_dir / "concurrency.png", img_dir / f"{slug}-concurrency.png")
+        text += ["", f"![aggregate tokens/s against users](img/{slug}-concurrency.png)", ""]
+    return "\n".join(text)
 
 
 def add_parser(rsub) -> None:

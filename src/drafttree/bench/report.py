@@ -285,6 +285,11 @@ def render_report(run_dirs: list[str | Path], out_md: str | Path, command: str |
     used: set[str] = set()
     for d in run_dirs:
         d = Path(d)
+        if (d / "concurrency.json").exists():
+            from drafttree.bench.concurrency import render_section
+
+            sections.append(render_section(d, img_dir, d.resolve().name or "concurrency"))
+            continue
         if not (d / SUMMARY).exists():
             if (d / RESULTS).exists():
                 write_outputs(d)
