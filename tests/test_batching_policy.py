@@ -17,13 +17,15 @@ def test_buckets():
 
 
 def test_picks_the_faster_mode_and_probes_the_other_less_and_less():
-    p = DraftOrPlain(probe=4, max_probe=32)
+    p = DraftOrPlain(probe=4, max_probe=64, growth=2)
     choices = run(p, 16, {True: 2.0, False: 5.0}, 200)
-    assert choices[:2] == [True, False]  # both measured first
-    assert sum(choices) < 20, "plain rounds pay more here: drafting only as probes"
+    assert choices[:5] == [False] * 4 + [True], "a batch starts plain and probes drafting after the wait"
+    assert sum(choices) < 12, "plain rounds pay more here: drafting only as probes"
     gaps = [i for i, c in enumerate(choices) if c][2:]
     assert gaps[-1] - gaps[-2] > gaps[1] - gaps[0], "failed probes wait longer and longer"
     assert sum(run(DraftOrPlain(), 16, {True: 5.0, False: 2.0}, 100)) > 85  # drafting pays: mostly drafting
+    alone = run(DraftOrPlain(), 1, {True: 5.0, False: 2.0}, 10)
+    assert alone[0] is True, "a lone sequence starts drafting (its drafter's budget already sizes the tree)"
 
 
 def test_batch_sizes_are_measured_separately():

@@ -3,7 +3,7 @@
 A verify-cost curve measured on one sequence does not say what a forward over several rows costs (each row
 reads its own past, masks grow with the batch), and drafting runs once per row. So the batch keeps, per
 batch-size bucket, the measured tokens per second of rounds with drafts and of plain rounds (every row
-verifies its root only), uses the better and probes the other now and then (the wait doubling after a failed
+verifies its root only), uses the better and probes the other now and then (the wait growing after a failed
 probe). The default therefore never settles below batched plain decoding. Seeded rows ignore it (their
 trees must not depend on the clock) and draft as they would alone.
 """
@@ -17,8 +17,8 @@ def bucket(rows: int) -> int:
 
 
 class DraftOrPlain:
-    def __init__(self, probe: int = 8, max_probe: int = 128, decay: float = 0.7):
-        self.probe, self.max_probe, self.decay = probe, max_probe, decay
+    def __init__(self, probe: int = 8, max_probe: int = 256, decay: float = 0.7, growth: int = 4):
+        self.probe, self.max_probe, self.decay, self.growth = probe, max_probe, decay, growth
         self.rate: dict[tuple[int, bool], float] = {}  # (bucket, drafted) -> tokens per second (EMA)
         self.wait: dict[tuple[int, bool], int] = {}
         self.since: dict[int, int] = {}
@@ -29,23 +29,20 @@ class DraftOrPlain:
         return min(known, key=lambda k: (abs(k.bit_length() - b.bit_length()), -k)) if known else None
 
     def choose(self, rows: int) -> bool:
-        """True: this round drafts."""
+        """True: this round drafts. An unmeasured size starts in the mode that won at the nearest measured size
+        (with nothing measured: drafting alone, plain in a batch) and probes the other after ``probe`` rounds."""
         b = bucket(rows)
-        if (b, True) not in self.rate or (b, False) not in self.rate:
+        if (b, True) in self.rate and (b, False) in self.rate:
+            best = self.rate[(b, True)] >= self.rate[(b, False)]
+            wait = self.wait.get((b, not best), self.probe)
+        else:
             near = self._nearest(b)
-            if near is not None and near != b:  # start from what the nearest size measured, test the other
-                best = self.rate[(near, True)] >= self.rate[(near, False)]
-                if (b, best) not in self.rate:
-                    return best
-                self.since[b] = self.since.get(b, 0) + 1  # the other mode: a probe like any other
-                if self.since[b] >= self.probe:
-                    self.since[b] = 0
-                    return not best
+            best = self.rate[(near, True)] >= self.rate[(near, False)] if near is not None else b == 1
+            if (b, best) not in self.rate:
                 return best
-            return (b, True) not in self.rate  # nothing measured anywhere: try drafting, then plain
-        best = self.rate[(b, True)] >= self.rate[(b, False)]
+            wait = self.probe
         self.since[b] = self.since.get(b, 0) + 1
-        if self.since[b] >= self.wait.get((b, not best), self.probe):
+        if self.since[b] >= wait:
             self.since[b] = 0
             return not best  # probe the other mode once
         return best
@@ -60,7 +57,7 @@ class DraftOrPlain:
         self.rate[key] = rate if key not in self.rate else self.decay * self.rate[key] + (1 - self.decay) * rate
         other = (b, not drafted)
         if other in self.rate and self.rate[key] < self.rate[other] and not was_best:
-            self.wait[key] = min(self.max_probe, 2 * self.wait.get(key, self.probe))  # a failed probe
+            self.wait[key] = min(self.max_probe, self.growth * self.wait.get(key, self.probe))  # a failed probe
         elif other in self.rate and self.rate[key] >= self.rate[other]:
             self.wait[key] = self.probe
 
