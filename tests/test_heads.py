@@ -106,6 +106,8 @@ def test_head_cache_is_not_polluted_by_branches():
     fresh = make_eagle_drafter("eagle2", lm, head, depth=3, top_k=3, total_tokens=8)
     fresh.state.encode(feats, ids[1:], 0)
     a, b = d.state, fresh.state
+    a.flush()  # committed pairs are encoded lazily, when the head drafts next
+    b.flush()
     assert a.committed == b.committed == len(ids) - 1
     torch.testing.assert_close(a.root_feat, b.root_feat, atol=1e-4, rtol=1e-4)
     torch.testing.assert_close(a.cache.layers[0].keys[:, :, : a.committed], b.cache.layers[0].keys, atol=1e-4,

@@ -109,18 +109,26 @@ def test_api_key_is_enforced(server):
 
 
 def test_full_queue_answers_503_with_retry_after(sm):
+    """One row decoding, one request waiting: the queue (1) is full, the next ones get 503 + Retry-After."""
     srv = ServerThread(create_app(sm, max_batch=1, max_queue=1)).start()
     try:
         async def main():
             async with httpx.AsyncClient(base_url=srv.url.rstrip("/"), timeout=600) as client:
                 body = {"messages": [{"role": "user", "content": "Count to fifty."}], "max_tokens": 40,
                         "temperature": 0}
-                return await asyncio.gather(*[client.post("/v1/chat/completions", json=body) for _ in range(6)])
+                first = asyncio.create_task(client.post("/v1/chat/completions", json=body))
+                while (await client.get("/health")).json().get("rows") != 1:  # the first one is decoding
+                    await asyncio.sleep(0.02)
+                second = asyncio.create_task(client.post("/v1/chat/completions", json=body))
+                while (await client.get("/health")).json().get("waiting") != 1:  # the second one waits
+                    await asyncio.sleep(0.02)
+                rest = await asyncio.gather(*[client.post("/v1/chat/completions", json=body) for _ in range(3)])
+                return [await first, await second], rest
 
-        rs = asyncio.run(main())
-        codes = sorted(r.status_code for r in rs)
-        assert codes.count(200) >= 2 and 503 in codes, codes
-        busy = next(r for r in rs if r.status_code == 503)
-        assert busy.headers["Retry-After"].isdigit() and busy.json()["error"]["code"] == "server_busy"
+        served, refused = asyncio.run(main())
+        assert [r.status_code for r in served] == [200, 200]
+        assert served[0].json()["choices"][0]["message"] == served[1].json()["choices"][0]["message"]
+        assert [r.status_code for r in refused] == [503] * 3
+        assert all(r.headers["Retry-After"].isdigit() and r.json()["error"]["code"] == "server_busy" for r in refused)
     finally:
         srv.stop()

@@ -93,7 +93,7 @@ def test_grouped_tree_attention_reads_kv_in_place_and_matches_stock_sdpa(arch):
     prompt = torch.randint(0, 64, (40,))
     stock = TargetModel(m)
     stock.prefill(prompt)
-    stock._run = lambda **kw: stock._forward(**kw)  # the stock transformers SDPA path (repeat_kv)
+    stock._run = lambda **kw: (stock.base(**kw), None)  # the stock transformers SDPA path (repeat_kv)
     want = stock.forward_tree(tree.tokens, tree.depths, tree.ancestors)
     folded = []
 

@@ -75,12 +75,14 @@ class EagleState:
         Deferred until the head drafts again: rounds that do not draft (a gated source, a batch verifying
         roots only) cost no head forward, and the pairs of several rounds are encoded in one."""
         if self._queued and self._queued[-1][2] + len(self._queued[-1][1]) != start:
-            self._flush()
+            self.flush()
         self._queued.append((feats, list(next_ids), start))
         self.root_pos = start + len(next_ids)
         self._root_lp = None
 
-    def _flush(self) -> None:
+    @torch.inference_mode()
+    def flush(self) -> None:
+        """Encode the queued committed pairs now (drafting calls this first)."""
         if not self._queued:
             return
         if self.cache is None:
@@ -100,14 +102,14 @@ class EagleState:
     # -- TreeStepper -----------------------------------------------------------------------------------
     @torch.inference_mode()
     def root_logprobs(self) -> torch.Tensor:
-        self._flush()
+        self.flush()
         if self._root_lp is None:
             self._root_lp = torch.log_softmax(self.head.draft_logits(self.root_feat).float(), dim=-1)
         return self._root_lp
 
     @torch.inference_mode()
     def expand(self, tokens: torch.Tensor, parent_slots: torch.Tensor, attend: torch.Tensor, depth: int):
-        self._flush()
+        self.flush()
         feats = torch.stack([self.root_feat if s < 0 else self.slot_feats[s] for s in parent_slots.tolist()])
         pos = torch.full((tokens.numel(),), self.root_pos + depth - 1, dtype=torch.long, device=feats.device)
         out = self._run(feats, tokens.to(feats.device), pos, attend)
