@@ -224,7 +224,7 @@ def test_eagle_tree_broken_rule_is_caught(monkeypatch):
 def _batch_pvalues(opts: dict, s: Sampling, n: int = 800):
     """Three rows per batch (two prompts, ragged lengths), decoded together n times: each row's first three
     tokens against the exact distribution of its own prompt."""
-    from drafttree.batching import BatchTarget, Sequence, decode_batch
+    from drafttree.batching import AlwaysDraft, BatchTarget, Sequence, decode_batch
     from drafttree.drafters.draft_model import DraftModelDrafter
 
     vocab = 12
@@ -239,7 +239,7 @@ def _batch_pvalues(opts: dict, s: Sampling, n: int = 800):
     deep = 0
     for _ in range(n):
         seqs = [Sequence(torch.tensor(p), d, s, 5, generator=g) for p, d in zip(prompts, drafters)]
-        decode_batch(bt, seqs)
+        decode_batch(bt, seqs, policy=AlwaysDraft())  # every round drafts: the rule is what is tested
         for p_idx, seq in zip((0, 1, 0), seqs):
             t = seq.tokens
             c12[p_idx][t[0] * vocab + t[1]] += 1

@@ -169,11 +169,11 @@ class BatchDecoder:
 
 
 def decode_batch(target: BatchTarget, seqs: list[Sequence], cost: CostModel | None = None,
-                 max_rows: int | None = None, on_tokens=None) -> list[Sequence]:
+                 max_rows: int | None = None, on_tokens=None, policy: DraftOrPlain | None = None) -> list[Sequence]:
     """Decode every sequence to the end, at most ``max_rows`` at a time (newcomers join between rounds).
 
     ``on_tokens(seq, new_tokens)`` is called after each step of each sequence (streaming)."""
-    dec = BatchDecoder(target, cost)
+    dec = BatchDecoder(target, cost, policy)
     waiting = list(seqs)
     limit = max_rows or len(seqs)
     while waiting or dec.rows:
