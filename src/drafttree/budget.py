@@ -11,6 +11,7 @@ tokens per second peaks.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import sys
@@ -20,6 +21,7 @@ from pathlib import Path
 
 import torch
 
+from drafttree.kernels import kernels_in_use, torch_linears
 from drafttree.paths import calibration_dir
 
 SIZES = [1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 96]
@@ -61,22 +63,36 @@ class BatchShare:
         return self.base.verify(self.others + n) - shared + shared / max(1, self.rows)
 
 
-CURVE_VERSION = "2"  # bump when the verify path changes cost (2: grouped tree attention)
+CURVE_VERSION = "3"  # bump when the verify path changes cost (2: grouped tree attention, 3: small-GEMM kernel)
 
 
 def _key(runner, name: str) -> str:
     dev = runner.device
     parts = [CURVE_VERSION, name, str(runner.dtype), dev.type, str(torch.get_num_threads()), torch.__version__,
-             str(getattr(runner.config, "num_hidden_layers", "")), str(getattr(runner.config, "hidden_size", ""))]
+             str(getattr(runner.config, "num_hidden_layers", "")), str(getattr(runner.config, "hidden_size", "")),
+             ("small-gemm" if kernels_in_use() else "torch") if dev.type == "cpu" else ""]
     if dev.type == "cuda":
         parts.append(torch.cuda.get_device_name(dev))
     return hashlib.sha256("|".join(parts).encode()).hexdigest()[:16]
 
 
-@torch.inference_mode()
 def measure_verify_costs(runner, context: int = 256, reps: int = 7, sizes: list[int] | None = None,
                          show_progress: bool = False) -> CostModel:
     """Time target forwards over chains of N tokens on a ``context``-token prefix (median of ``reps``)."""
+    return _measure(runner, {"": contextlib.nullcontext}, context, reps, sizes, show_progress)[""]
+
+
+def compare_linear_kernels(runner, context: int = 256, reps: int = 7, sizes: list[int] | None = None,
+                           show_progress: bool = False) -> dict[str, CostModel]:
+    """The verify-cost curve with torch's linear kernels and with the small-GEMM kernel, measured interleaved
+    (each pass times both at every size, so a change in machine load hits both alike)."""
+    return _measure(runner, {"torch": torch_linears, "small-gemm": contextlib.nullcontext}, context, reps, sizes,
+                    show_progress)
+
+
+@torch.inference_mode()
+def _measure(runner, modes: dict, context: int, reps: int, sizes: list[int] | None,
+             show_progress: bool) -> dict[str, CostModel]:
     from tqdm.auto import tqdm
 
     context = min(context, runner.max_positions // 2)
@@ -87,29 +103,34 @@ def measure_verify_costs(runner, context: int = 256, reps: int = 7, sizes: list[
     runner.prefill(prompt)
     tokens = {n: torch.randint(0, vocab, (n,), generator=g).to(runner.device) for n in sizes}
 
-    def forward(n: int) -> float:
+    def forward(n: int, mode) -> float:
         idx = torch.arange(n, device=runner.device)
         if runner.device.type == "cuda":
             torch.cuda.synchronize(runner.device)
-        t0 = time.perf_counter()
-        runner.forward_tree(tokens[n], idx, idx[:, None] >= idx[None, :])
-        if runner.device.type == "cuda":
-            torch.cuda.synchronize(runner.device)
-        return time.perf_counter() - t0
+        with mode():
+            t0 = time.perf_counter()
+            runner.forward_tree(tokens[n], idx, idx[:, None] >= idx[None, :])
+            if runner.device.type == "cuda":
+                torch.cuda.synchronize(runner.device)
+            return time.perf_counter() - t0
 
-    for n in sizes:  # warm-up: first calls of each shape pay for allocations and kernel selection
-        forward(n)
-    times: dict[int, list[float]] = {n: [] for n in sizes}
+    for mode in modes.values():  # warm-up: first calls of each shape pay for allocations and kernel selection
+        for n in sizes:
+            forward(n, mode)
+    times = {(name, n): [] for name in modes for n in sizes}
     for _ in tqdm(range(reps), desc="verify-cost calibration", unit="pass", disable=not show_progress,
                   leave=False):
-        for n in sizes:  # interleaved, so a change in machine load hits every size alike
-            times[n].append(forward(n))
-    secs = [sorted(times[n])[len(times[n]) // 2] for n in sizes]
+        for n in sizes:  # interleaved, so a change in machine load hits every size (and mode) alike
+            for name, mode in modes.items():
+                times[name, n].append(forward(n, mode))
     runner.discard_pending()
-    # enforce monotonicity (noise can make a bigger batch look cheaper)
-    for i in range(1, len(secs)):
-        secs[i] = max(secs[i], secs[i - 1])
-    return CostModel(sizes, secs)
+    curves = {}
+    for name in modes:
+        secs = [sorted(times[name, n])[reps // 2] for n in sizes]
+        for i in range(1, len(secs)):  # enforce monotonicity (noise can make a bigger batch look cheaper)
+            secs[i] = max(secs[i], secs[i - 1])
+        curves[name] = CostModel(sizes, secs)
+    return curves
 
 
 def calibration_path(runner, name: str) -> Path:

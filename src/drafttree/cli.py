@@ -165,7 +165,8 @@ def cmd_models(args) -> int:
 
 
 def cmd_calibrate(args) -> int:
-    from drafttree.budget import calibration_path, cost_model_for, read_bandwidth, weight_bytes
+    from drafttree.budget import calibration_path, compare_linear_kernels, cost_model_for, read_bandwidth, weight_bytes
+    from drafttree.kernels import kernel_status
     from drafttree.models import load_model
     from drafttree.target import TargetModel
 
@@ -174,13 +175,22 @@ def cmd_calibrate(args) -> int:
     runner = TargetModel(lm.model)
     path = calibration_path(runner, lm.name)
     state = "measured now" if args.refresh or not path.exists() else "cached"
-    cm = cost_model_for(runner, lm.name, refresh=args.refresh)
+    curves = {"ms": cost_model_for(runner, lm.name, refresh=args.refresh)}
+    kernel = kernel_status() if runner.device.type == "cpu" else "off (not a CPU)"
+    if args.compare_kernels:
+        if kernel != "on":
+            raise DraftTreeError(f"--compare-kernels: the small-GEMM kernel is {kernel}")
+        curves = {f"ms {k}": v for k, v in compare_linear_kernels(runner, show_progress=True).items()}
     print(f"verify cost of {lm.name} ({str(lm.dtype).replace('torch.', '')} on {lm.device}, "
-          f"{runner_threads()} threads), {state}: {path}")
+          f"{runner_threads()} threads, small-GEMM kernel {kernel}), {state}: {path}")
     floor = weight_bytes(lm.model) / read_bandwidth(runner.device)
-    print(f"{'tokens':>6} {'ms':>8} {'x one token':>12} {'x floor':>8}")
-    for n, sec in zip(cm.sizes, cm.seconds):
-        print(f"{n:>6} {1000 * sec:>8.1f} {sec / cm.seconds[0]:>12.2f} {sec / floor:>8.2f}")
+    cols = "".join(f" {name:>14} {'x one':>6} {'x floor':>7}" for name in curves)
+    print(f"{'tokens':>6}{cols}")
+    first = next(iter(curves.values()))
+    for i, n in enumerate(first.sizes):
+        row = "".join(f" {1000 * c.seconds[i]:>14.1f} {c.seconds[i] / c.seconds[0]:>6.2f} {c.seconds[i] / floor:>7.2f}"
+                      for c in curves.values())
+        print(f"{n:>6}{row}")
     print(f"bandwidth floor of one forward: {1000 * floor:.1f} ms (weights {weight_bytes(lm.model) / 2**20:.0f} MiB "
           f"read at {weight_bytes(lm.model) / floor / 1e9:.1f} GB/s, measured now)")
     return 0
@@ -289,6 +299,8 @@ def build_parser() -> argparse.ArgumentParser:
                                    "on first use and cached; this command shows it or measures it again.")
     _add_model_args(c)
     c.add_argument("--refresh", action="store_true", help="measure again even if a cached curve exists")
+    c.add_argument("--compare-kernels", action="store_true",
+                   help="also measure torch's linear kernels against the small-GEMM kernel, interleaved")
     c.set_defaults(func=cmd_calibrate)
 
     d = sub.add_parser("data", help="build head-training data: prompts -> distill -> features")

@@ -16,6 +16,7 @@ from transformers import DynamicCache
 from drafttree.attention import grouped_attention
 from drafttree.cache import GrowingCache
 from drafttree.errors import DraftTreeError
+from drafttree.kernels import fast_linears
 
 
 @dataclass
@@ -51,7 +52,7 @@ def run_with_features(model: torch.nn.Module, feature_layers: list[int] | None, 
     """``model.base_model(**kw)`` with grouped tree attention; with ``feature_layers``, also the inputs of those
     decoder layers side by side ([B, n, k * hidden], caught by forward pre-hooks: no forked modeling code)."""
     base = model.base_model
-    with grouped_attention(model):
+    with grouped_attention(model), fast_linears(model):
         if not feature_layers:
             return base(**kw), None
         caught: dict[int, torch.Tensor] = {}
@@ -98,7 +99,8 @@ class TargetModel:
         return self.lm_head.weight.dtype
 
     def logits(self, features: torch.Tensor) -> torch.Tensor:
-        out = self.lm_head(features).float()
+        with fast_linears(self.model):
+            out = self.lm_head(features).float()
         if self.softcap:
             out = torch.tanh(out / self.softcap) * self.softcap
         return out

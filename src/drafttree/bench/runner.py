@@ -7,6 +7,7 @@ settings that must match). A prompt that fails is recorded with its error (and r
 
 from __future__ import annotations
 
+import contextlib
 import datetime as _dt
 import json
 import os
@@ -32,6 +33,7 @@ from drafttree.bench.files import RESULTS, RUN_FILE, SCHEMA, SUMMARY, read_recor
 from drafttree.bench.peers import HF_METHODS, hf_generate, needs_draft
 from drafttree.bench.tasks import Question, Task, load_tasks
 from drafttree.errors import DraftTreeError
+from drafttree.kernels import torch_linears
 
 
 def cpu_model() -> str:
@@ -153,8 +155,8 @@ class BenchRunner:
                 continue
             if m not in HF_METHODS:
                 try:  # build it now: config errors surface before any timing
-                    self._drafter(m, torch.tensor([0, 1]), 1) if parse_method(m)[0] in BENCH_METHODS else \
-                        self.lm.drafter(*parse_method(m))
+                    name, opts, _ = method_parts(m)
+                    self._drafter(m, torch.tensor([0, 1]), 1) if name in BENCH_METHODS else self.lm.drafter(name, opts)
                 except DraftTreeError as e:
                     self._skip_or_fail(m, str(e))
                     continue
@@ -169,7 +171,7 @@ class BenchRunner:
         """A measurement-only drafter for one generation (the oracle)."""
         from drafttree.bench.oracle import oracle_drafter
 
-        return oracle_drafter(self.lm, ids, max_new, parse_method(method)[1])
+        return oracle_drafter(self.lm, ids, max_new, method_parts(method)[1])
 
     # ---- one prompt -------------------------------------------------------------------------------------
     def answer(self, method: str, question: Question, seed: int, max_new_tokens: int | None = None,
@@ -199,10 +201,11 @@ class BenchRunner:
             else:
                 _sync(dev)
                 t0 = time.perf_counter()
-                name, opts = parse_method(method)
+                name, opts, linears = method_parts(method)
                 oracle = self._drafter(method, ids, max_new) if name in BENCH_METHODS else None
-                res = lm.generate(ids, max_new_tokens=max_new, temperature=cfg.temperature, seed=s, method=name,
-                                  method_options=opts, drafter=oracle)
+                with linears():
+                    res = lm.generate(ids, max_new_tokens=max_new, temperature=cfg.temperature, seed=s, method=name,
+                                      method_options=opts, drafter=oracle)
                 _sync(dev)
                 wall = time.perf_counter() - t0
                 st = res.stats
@@ -267,6 +270,17 @@ class BenchRunner:
             except Exception as e:  # noqa: BLE001 - the real prompts will record the error
                 self.note(f"warm-up of {method} failed: {type(e).__name__}: {e}")
                 return
+
+
+def method_parts(method: str):
+    """(name, drafter options, linear-kernel context) of a method spec. The benchmark's own option
+    ``linears=torch`` runs the method with torch's linear kernels instead of the small-GEMM kernel, so one run
+    can put the two side by side (``--methods auto,auto:linears=torch``)."""
+    name, opts = parse_method(method)
+    linears = opts.pop("linears", "auto")
+    if linears not in ("auto", "torch"):
+        raise DraftTreeError(f"linears={linears!r} in {method!r}: choose auto or torch")
+    return name, opts, torch_linears if linears == "torch" else contextlib.nullcontext
 
 
 def _load_tasks(cfg: BenchConfig) -> tuple[list[Task], list[str]]:

@@ -29,6 +29,7 @@ from drafttree.drafters.length_policies import (
 from drafttree.drafters.options import AUTO, EagleOptions, parse_options
 from drafttree.errors import DraftTreeError
 from drafttree.heads.model import EagleHead
+from drafttree.kernels import fast_linears
 from drafttree.target import tree_attention_mask
 from drafttree.tree import (
     EAGLE1_TREE,
@@ -57,7 +58,7 @@ class EagleState:
 
     def _run(self, feats: torch.Tensor, ids: torch.Tensor, positions: torch.Tensor, attend: torch.Tensor):
         mask = tree_attention_mask(attend, self.committed, self.head.fc.weight.dtype)
-        with grouped_attention(self.head):  # several draft nodes at once: K/V read in place
+        with grouped_attention(self.head), fast_linears(self.head):  # several draft nodes at once: K/V read in place
             out = self.head(feats[None], ids[None], positions[None], mask, self.cache)
         return out[0]
 

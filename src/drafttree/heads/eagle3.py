@@ -22,6 +22,7 @@ from torch import nn
 from transformers import LlamaConfig
 from transformers.models.llama.modeling_llama import LlamaDecoderLayer, LlamaRMSNorm, LlamaRotaryEmbedding
 
+from drafttree import kernels
 from drafttree.errors import DraftTreeError
 from drafttree.heads.eagle3_format import VARIANTS, checkpoint_of, default_aux_layers, layer_config_from, write_eagle3
 from drafttree.heads.model import write_checkpoint
@@ -99,7 +100,7 @@ class Eagle3Head(nn.Module):
         return sum(p.numel() for p in self.parameters()) / max(1, self.target_params)
 
     def draft_logits(self, out: torch.Tensor) -> torch.Tensor:
-        return self.lm_head(out if self.variants["norm_output"] else self.norm(out))
+        return kernels.linear(out if self.variants["norm_output"] else self.norm(out), self.lm_head.weight)
 
     def forward(self, features: torch.Tensor, next_ids: torch.Tensor, position_ids: torch.Tensor,
                 attention_mask: torch.Tensor | None, cache=None) -> torch.Tensor:

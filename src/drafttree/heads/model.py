@@ -24,6 +24,8 @@ import torch
 from safetensors.torch import save_file
 from torch import nn
 
+from drafttree import kernels
+
 FORMAT = "drafttree-eagle1"
 
 
@@ -93,7 +95,7 @@ class EagleHead(nn.Module):
         return self._small_head
 
     def draft_logits(self, features: torch.Tensor) -> torch.Tensor:
-        return torch.nn.functional.linear(features, self.draft_head_weight())
+        return kernels.linear(features, self.draft_head_weight())
 
     # -- forward ---------------------------------------------------------------------------------------
     def forward(self, features: torch.Tensor, next_ids: torch.Tensor, position_ids: torch.Tensor,

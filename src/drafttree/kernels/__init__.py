@@ -1,0 +1,13 @@
+"""Hand-written CPU kernels for the shapes decoding uses (built on first use, torch as the fallback)."""
+
+from drafttree.kernels.gemm import (
+    MAX_ROWS,
+    fast_linears,
+    kernel_status,
+    kernels_in_use,
+    linear,
+    small_gemm,
+    torch_linears,
+)
+
+__all__ = ["MAX_ROWS", "fast_linears", "kernel_status", "kernels_in_use", "linear", "small_gemm", "torch_linears"]

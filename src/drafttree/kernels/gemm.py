@@ -1,0 +1,161 @@
+"""Linear layers for the few-row products of decoding, streaming the weights once (``small_gemm.cpp``).
+
+torch's CPU GEMM packs the weight matrix on every call: a product over a handful of rows (a draft tree, a
+batch of trees) reads the weights several times, so a 16-token tree costs several one-token steps where the
+memory traffic alone would allow ~one. The kernel reads each weight block once for all rows, accumulates in
+float32 (the weights' values as stored: float32, or bf16 widened exactly) and is row-invariant.
+
+It is built on first use with torch's ``cpp_extension`` (g++, ``-march=native``) into the drafttree cache and
+used only where it applies: CPU, AVX-512, float32/bf16, no autograd, at most :data:`MAX_ROWS` rows, and only
+inside :func:`fast_linears` blocks, so the same model object runs torch's own kernels everywhere else (e.g.
+Hugging Face's ``generate``, our ``hf-ar`` baseline). ``DRAFTTREE_KERNELS=0`` turns it off; any build problem
+is one warning line and torch from then on.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import os
+import platform
+import shutil
+import sys
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from types import MethodType
+
+import torch
+import torch.nn.functional as F
+
+from drafttree.paths import cache_dir
+
+MAX_ROWS = 48  # above this torch's packed GEMM wins (measured on a 2-core Xeon: the crossover is ~48-64 rows)
+SOURCE = Path(__file__).with_name("small_gemm.cpp")
+_DTYPES = (torch.float32, torch.bfloat16)
+
+_lock = threading.Lock()
+_active = threading.local()
+_ext = None
+_status: str | None = None  # why the kernel is not used, or "on"
+
+
+def _cpu_flags() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("flags"):
+                return line
+    except OSError:
+        pass
+    return ""
+
+
+def _why_not() -> str | None:
+    if os.environ.get("DRAFTTREE_KERNELS", "1").strip().lower() in ("0", "off", "false", "no"):
+        return "off (DRAFTTREE_KERNELS=0)"
+    if platform.machine() not in ("x86_64", "AMD64") or " avx512f" not in _cpu_flags():
+        return "off (no AVX-512 on this CPU)"
+    if shutil.which(os.environ.get("CXX", "c++")) is None:
+        return "off (no C++ compiler)"
+    return None
+
+
+def small_gemm():
+    """The compiled extension (``linear(x, w, bias)``), or None where it cannot be used (see :func:`kernel_status`)."""
+    global _ext, _status
+    if _status is not None:
+        return _ext
+    with _lock:
+        if _status is not None:
+            return _ext
+        reason = _why_not()
+        if reason is None:
+            try:
+                _ext = _build()
+                reason = "on"
+            except Exception as exc:  # a broken toolchain must not stop decoding: torch does the same work
+                first = (str(exc).strip().splitlines() or [type(exc).__name__])[-1]
+                reason = f"off (build failed: {first[:160]})"
+                print(f"drafttree: small-GEMM kernel not built, using torch ({first[:160]})", file=sys.stderr)
+        _status = reason
+    return _ext
+
+
+def _build():
+    from torch.utils.cpp_extension import load
+
+    source = SOURCE.read_bytes()
+    key = hashlib.sha256(source + torch.__version__.encode() + _cpu_flags().encode() + sys.version.encode())
+    build = cache_dir() / "kernels" / key.hexdigest()[:16]
+    build.mkdir(parents=True, exist_ok=True)
+    if not any(build.glob("*.so")):
+        print("drafttree: building the small-GEMM CPU kernel (once per machine, ~1 min)", file=sys.stderr)
+    return load(name="drafttree_small_gemm", sources=[str(SOURCE)], build_directory=str(build),
+                extra_cflags=["-O3", "-march=native", "-fopenmp"], extra_ldflags=["-fopenmp"], verbose=False)
+
+
+def kernels_in_use() -> bool:
+    """Whether linear layers inside :func:`fast_linears` run the kernel here and now (not under torch_linears)."""
+    return small_gemm() is not None and not getattr(_active, "off", 0)
+
+
+def kernel_status() -> str:
+    """"on", or "off (reason)" — builds the kernel if that has not been tried yet."""
+    small_gemm()
+    return _status or "off"
+
+
+def _applies(x: torch.Tensor, w: torch.Tensor) -> bool:
+    return (_ext is not None and not getattr(_active, "off", 0) and x.dtype == w.dtype and w.dtype in _DTYPES
+            and x.device.type == "cpu" and w.device.type == "cpu" and w.dim() == 2 and w.is_contiguous()
+            and x.dim() >= 1 and x.numel() <= MAX_ROWS * x.shape[-1] and not torch.is_grad_enabled())
+
+
+def linear(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """``F.linear``, through the small-GEMM kernel where it applies (drafters' own products, e.g. a head's logits)."""
+    if small_gemm() is not None and _applies(x, w):
+        return _ext.linear(x, w, bias)
+    return F.linear(x, w, bias)
+
+
+def _forward(module: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:
+    if getattr(_active, "depth", 0) and _applies(x, module.weight):
+        return _ext.linear(x, module.weight, module.bias)
+    return F.linear(x, module.weight, module.bias)
+
+
+def _install(model: torch.nn.Module) -> None:
+    """Route every eligible ``nn.Linear`` of ``model`` through :func:`_forward` (once per model)."""
+    if getattr(model, "_drafttree_small_gemm", False):
+        return
+    for module in model.modules():
+        if (type(module) is torch.nn.Linear and module.weight.device.type == "cpu"
+                and module.weight.dtype in _DTYPES and module.weight.is_contiguous()
+                and "forward" not in module.__dict__):
+            module.forward = MethodType(_forward, module)
+    model._drafttree_small_gemm = True
+
+
+@contextlib.contextmanager
+def fast_linears(model: torch.nn.Module) -> Iterator[None]:
+    """Run ``model``'s linear layers with the small-GEMM kernel inside the block (where it applies)."""
+    weight = next(model.parameters(), None)
+    if weight is None or weight.device.type != "cpu" or small_gemm() is None:
+        yield
+        return
+    _install(model)
+    _active.depth = getattr(_active, "depth", 0) + 1
+    try:
+        yield
+    finally:
+        _active.depth -= 1
+
+
+@contextlib.contextmanager
+def torch_linears() -> Iterator[None]:
+    """Inside the block :func:`fast_linears` is inert: torch's kernels, for side-by-side measurements."""
+    _active.off = getattr(_active, "off", 0) + 1
+    try:
+        yield
+    finally:
+        _active.off -= 1

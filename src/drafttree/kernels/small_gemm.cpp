@@ -1,0 +1,127 @@
+// y = x W^T (+ b) for the few rows of decoding (1 to ~48: a token, a draft tree, a batch of trees).
+//
+// Why: torch's CPU GEMM packs the weight matrix on every call, so a product with a handful of rows reads the
+// weights several times over; decoding is a stream of exactly such products. Here each block of weight rows
+// is read from memory once and used for every input row while it sits in L1.
+// Numerics: float32 accumulation of products of the stored values (float32, or bf16 widened exactly), one
+// fixed summation order per output whatever the number of rows: a row's result does not depend on the
+// rows computed with it (tree verification gives the logits a one-token step would).
+#include <torch/extension.h>
+#include <ATen/Parallel.h>
+#include <immintrin.h>
+#include <cstdint>
+
+namespace {
+
+inline __m512 load16(const float* p) { return _mm512_loadu_ps(p); }
+inline __m512 load16(const at::BFloat16* p) {  // bf16 -> float32 is exact: the bits shifted into the top half
+  __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+}
+inline float widen(float v) { return v; }
+inline float widen(at::BFloat16 v) { return static_cast<float>(v); }
+
+// Sixteen accumulators -> one vector of their lane sums; every accumulator is folded by the same tree
+// (lanes i+8, then i+4, i+2, i+1), so the order of a sum does not depend on which accumulators go with it.
+inline __m512 reduce16(const __m512* v) {
+  __m512 t[8], u[4], w[2];
+  for (int i = 0; i < 8; ++i)
+    t[i] = _mm512_add_ps(_mm512_shuffle_f32x4(v[2 * i], v[2 * i + 1], 0x44),
+                         _mm512_shuffle_f32x4(v[2 * i], v[2 * i + 1], 0xEE));
+  for (int i = 0; i < 4; ++i)
+    u[i] = _mm512_add_ps(_mm512_shuffle_f32x4(t[2 * i], t[2 * i + 1], 0x88),
+                         _mm512_shuffle_f32x4(t[2 * i], t[2 * i + 1], 0xDD));
+  for (int i = 0; i < 2; ++i)
+    w[i] = _mm512_add_ps(_mm512_shuffle_ps(u[2 * i], u[2 * i + 1], 0x44), _mm512_shuffle_ps(u[2 * i], u[2 * i + 1], 0xEE));
+  return _mm512_add_ps(_mm512_shuffle_ps(w[0], w[1], 0x88), _mm512_shuffle_ps(w[0], w[1], 0xDD));
+}
+
+int LANE_OF[16];  // accumulator j's sum lands in lane LANE_OF[j] of reduce16's result
+
+void init_lanes() {
+  __m512 v[16];
+  for (int j = 0; j < 16; ++j) v[j] = _mm512_set1_ps(static_cast<float>(j));
+  float out[16];
+  _mm512_storeu_ps(out, reduce16(v));
+  for (int lane = 0; lane < 16; ++lane) LANE_OF[static_cast<int>(out[lane] / 16.0f + 0.5f)] = lane;
+}
+
+// R input rows times C weight rows (R * C <= 16 accumulators), written to out[r * ldo + c].
+template <typename T, int R, int C>
+inline void tile(const T* x, const T* w, int64_t K, float* out, int64_t ldo) {
+  __m512 acc[16];
+  for (int i = 0; i < 16; ++i) acc[i] = _mm512_setzero_ps();
+  int64_t k = 0;
+  for (; k + 16 <= K; k += 16) {
+    __m512 wv[C];
+    for (int c = 0; c < C; ++c) wv[c] = load16(w + c * K + k);
+    for (int r = 0; r < R; ++r) {
+      __m512 xv = load16(x + r * K + k);
+      for (int c = 0; c < C; ++c) acc[r * C + c] = _mm512_fmadd_ps(xv, wv[c], acc[r * C + c]);
+    }
+  }
+  float sums[16];
+  _mm512_storeu_ps(sums, reduce16(acc));
+  for (int r = 0; r < R; ++r)
+    for (int c = 0; c < C; ++c) {
+      float s = sums[LANE_OF[r * C + c]];
+      for (int64_t t = k; t < K; ++t) s += widen(x[r * K + t]) * widen(w[c * K + t]);
+      out[r * ldo + c] = s;
+    }
+}
+
+template <typename T>
+void rows_times_four(const T* x, int64_t M, const T* w, int64_t K, float* out, int64_t N) {
+  int64_t m = 0;
+  for (; m + 4 <= M; m += 4) tile<T, 4, 4>(x + m * K, w, K, out + m * N, N);
+  switch (M - m) {
+    case 3: tile<T, 3, 4>(x + m * K, w, K, out + m * N, N); break;
+    case 2: tile<T, 2, 4>(x + m * K, w, K, out + m * N, N); break;
+    case 1: tile<T, 1, 4>(x + m * K, w, K, out + m * N, N); break;
+    default: break;
+  }
+}
+
+template <typename T>
+void gemm(const T* x, int64_t M, const T* w, int64_t N, int64_t K, float* out) {
+  const int64_t step = M == 1 ? 16 : 4;  // one row: 16 weight rows per tile; more: 4 x 4 tiles
+  const int64_t blocks = (N + step - 1) / step;
+  at::parallel_for(0, blocks, M == 1 ? 8 : 16, [&](int64_t b0, int64_t b1) {
+    for (int64_t b = b0; b < b1; ++b) {
+      const int64_t n = b * step;
+      if (n + step <= N) {
+        if (M == 1) tile<T, 1, 16>(x, w + n * K, K, out + n, N);
+        else rows_times_four<T>(x, M, w + n * K, K, out + n, N);
+      } else {
+        for (int64_t j = n; j < N; ++j)
+          for (int64_t m = 0; m < M; ++m) tile<T, 1, 1>(x + m * K, w + j * K, K, out + m * N + j, N);
+      }
+    }
+  });
+}
+
+torch::Tensor linear(const torch::Tensor& x, const torch::Tensor& w, const c10::optional<torch::Tensor>& bias) {
+  TORCH_CHECK(x.device().is_cpu() && w.device().is_cpu(), "small_gemm: CPU tensors only");
+  TORCH_CHECK(x.scalar_type() == w.scalar_type(), "small_gemm: x and w must share a dtype");
+  TORCH_CHECK(w.dim() == 2 && w.is_contiguous() && x.size(-1) == w.size(1), "small_gemm: bad shapes");
+  auto x2 = x.reshape({-1, x.size(-1)}).contiguous();
+  const int64_t M = x2.size(0), K = x2.size(1), N = w.size(0);
+  auto out = torch::empty({M, N}, x.options().dtype(torch::kFloat32));
+  if (w.scalar_type() == torch::kFloat32) {
+    gemm<float>(x2.data_ptr<float>(), M, w.data_ptr<float>(), N, K, out.data_ptr<float>());
+  } else {
+    TORCH_CHECK(w.scalar_type() == torch::kBFloat16, "small_gemm: float32 or bfloat16 weights only");
+    gemm<at::BFloat16>(x2.data_ptr<at::BFloat16>(), M, w.data_ptr<at::BFloat16>(), N, K, out.data_ptr<float>());
+  }
+  if (bias.has_value()) out.add_(bias->to(torch::kFloat32));
+  auto sizes = x.sizes().vec();
+  sizes.back() = N;
+  return out.to(x.scalar_type()).view(sizes);
+}
+
+}  // namespace
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  init_lanes();
+  m.def("linear", &linear, py::arg("x"), py::arg("w"), py::arg("bias") = py::none());
+}
