@@ -48,13 +48,15 @@ void init_lanes() {
 
 // R input rows times C weight rows (R * C <= 16 accumulators), written to out[r * ldo + c].
 template <typename T, int R, int C>
-inline void tile(const T* x, const T* w, int64_t K, float* out, int64_t ldo) {
+inline void tile(const T* x, const T* w, int64_t K, float* out, int64_t ldo, const T* pf = nullptr, int ppi = 0) {
+  constexpr int64_t line = 64 / sizeof(T);
   __m512 acc[16];
   for (int i = 0; i < 16; ++i) acc[i] = _mm512_setzero_ps();
   int64_t k = 0;
   for (; k + 16 <= K; k += 16) {
     __m512 wv[C];
     for (int c = 0; c < C; ++c) wv[c] = load16(w + c * K + k);
+    for (int j = 0; j < ppi; ++j) _mm_prefetch(reinterpret_cast<const char*>(pf + ((k / 16) * ppi + j) * line), _MM_HINT_T0);
     for (int r = 0; r < R; ++r) {
       __m512 xv = load16(x + r * K + k);
       for (int c = 0; c < C; ++c) acc[r * C + c] = _mm512_fmadd_ps(xv, wv[c], acc[r * C + c]);
@@ -71,13 +73,19 @@ inline void tile(const T* x, const T* w, int64_t K, float* out, int64_t ldo) {
 }
 
 template <typename T>
-void rows_times_four(const T* x, int64_t M, const T* w, int64_t K, float* out, int64_t N) {
-  int64_t m = 0;
-  for (; m + 4 <= M; m += 4) tile<T, 4, 4>(x + m * K, w, K, out + m * N, N);
+void rows_times_four(const T* x, int64_t M, const T* w, int64_t K, float* out, int64_t N, const T* next) {
+  // While the tiles of this block compute, the next block (4 rows, contiguous) is prefetched, spread evenly
+  // over all their inner iterations: memory and arithmetic overlap instead of taking turns.
+  constexpr int64_t line = 64 / sizeof(T);
+  const int64_t chunks = (M + 3) / 4, iters = K / 16;
+  const int ppi = next == nullptr || iters == 0 ? 0 : static_cast<int>((4 * K / line + chunks * iters - 1) / (chunks * iters));
+  int64_t m = 0, chunk = 0;
+  auto share = [&](int64_t c) { return next == nullptr ? nullptr : next + c * iters * ppi * line; };
+  for (; m + 4 <= M; m += 4, ++chunk) tile<T, 4, 4>(x + m * K, w, K, out + m * N, N, share(chunk), ppi);
   switch (M - m) {
-    case 3: tile<T, 3, 4>(x + m * K, w, K, out + m * N, N); break;
-    case 2: tile<T, 2, 4>(x + m * K, w, K, out + m * N, N); break;
-    case 1: tile<T, 1, 4>(x + m * K, w, K, out + m * N, N); break;
+    case 3: tile<T, 3, 4>(x + m * K, w, K, out + m * N, N, share(chunk), ppi); break;
+    case 2: tile<T, 2, 4>(x + m * K, w, K, out + m * N, N, share(chunk), ppi); break;
+    case 1: tile<T, 1, 4>(x + m * K, w, K, out + m * N, N, share(chunk), ppi); break;
     default: break;
   }
 }
@@ -91,7 +99,7 @@ void gemm(const T* x, int64_t M, const T* w, int64_t N, int64_t K, float* out) {
       const int64_t n = b * step;
       if (n + step <= N) {
         if (M == 1) tile<T, 1, 16>(x, w + n * K, K, out + n, N);
-        else rows_times_four<T>(x, M, w + n * K, K, out + n, N);
+        else rows_times_four<T>(x, M, w + n * K, K, out + n, N, n + 2 * step <= N ? w + (n + step) * K : nullptr);
       } else {
         for (int64_t j = n; j < N; ++j)
           for (int64_t m = 0; m < M; ++m) tile<T, 1, 1>(x + m * K, w + j * K, K, out + m * N + j, N);
