@@ -91,6 +91,7 @@ class BenchRunner:
         self.skipped: dict[str, str] = {}
         self.lm = None
         self.methods: list[str] = []
+        self._variants: dict = {}  # method spec -> its own drafter (benchmark variants such as linears=torch)
 
     # ---- setup -------------------------------------------------------------------------------------------
     def _skip_or_fail(self, method: str, reason: str) -> None:
@@ -173,6 +174,19 @@ class BenchRunner:
 
         return oracle_drafter(self.lm, ids, max_new, method_parts(method)[1])
 
+    def _variant_drafter(self, method: str):
+        """For ``linears=torch`` a drafter of its own, built under torch's kernels (so its tree budget uses the
+        verify-cost curve measured with them); None: the model's own drafter for the method."""
+        name, opts, linears = method_parts(method)
+        if linears is contextlib.nullcontext:
+            return None
+        if method not in self._variants:
+            from drafttree.drafters import make_drafter
+
+            lm = self.lm
+            self._variants[method] = make_drafter(lm._resolve_method(name), lm.target, lm.draft, lm.head, **opts)
+        return self._variants[method]
+
     # ---- one prompt -------------------------------------------------------------------------------------
     def answer(self, method: str, question: Question, seed: int, max_new_tokens: int | None = None,
                turns: int | None = None) -> list[dict]:
@@ -202,10 +216,12 @@ class BenchRunner:
                 _sync(dev)
                 t0 = time.perf_counter()
                 name, opts, linears = method_parts(method)
-                oracle = self._drafter(method, ids, max_new) if name in BENCH_METHODS else None
                 with linears():
+                    drafter = self._drafter(method, ids, max_new) if name in BENCH_METHODS else \
+                        self._variant_drafter(method)
                     res = lm.generate(ids, max_new_tokens=max_new, temperature=cfg.temperature, seed=s, method=name,
-                                      method_options=opts, drafter=oracle)
+                                      method_options=opts, drafter=drafter)
+                oracle = drafter if name in BENCH_METHODS else None
                 _sync(dev)
                 wall = time.perf_counter() - t0
                 st = res.stats
