@@ -30,9 +30,14 @@ def test_picks_the_faster_mode_and_probes_the_other_less_and_less():
 
 def test_batch_sizes_are_measured_separately():
     p = DraftOrPlain(probe=4)
-    run(p, 1, {True: 5.0, False: 2.0}, 50)
+    run(p, 2, {True: 5.0, False: 2.0}, 50)
     run(p, 16, {True: 2.0, False: 5.0}, 50)
-    assert p.rate[(1, True)] > p.rate[(1, False)] and p.rate[(16, False)] > p.rate[(16, True)]
+    assert p.rate[(2, True)] > p.rate[(2, False)] and p.rate[(16, False)] > p.rate[(16, True)]
+
+
+def test_a_lone_sequence_leaves_the_choice_to_its_drafter():
+    """One row: no timing of single rounds; its drafter's budget decides each tree (root only when none pays)."""
+    assert all(run(DraftOrPlain(probe=2), 1, {True: 1.0, False: 9.0}, 40))
 
 
 def test_a_new_batch_size_starts_from_the_nearest_measured_one():

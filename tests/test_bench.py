@@ -269,16 +269,30 @@ def test_end_to_end_quick_run_float32(tmp_path):
     from drafttree.cli import main
 
     out = tmp_path / "run"
-    rc = main(["bench", "--quick", "--methods", "ar,lookup,hf-ar", "--tasks", "qa", "--prompts", "1",
+    rc = main(["bench", "--quick", "--methods", "ar,lookup,hf-ar,lookup:linears=torch", "--tasks", "qa",
+               "--prompts", "1",
                "--max-new-tokens", "8", "--dtype", "float32", "--threads", "2", "--out", str(out)])
     assert rc == 0
     for name in ("results.jsonl", "run.json", "summary.json", "table.md", "speedup.png", "tau_hist.png"):
         assert (out / name).exists(), name
     s = json.loads((out / "summary.json").read_text())
-    assert s["command"].startswith("drafttree bench --quick --methods ar,lookup,hf-ar")
+    assert s["command"].startswith("drafttree bench --quick --methods ar,lookup,hf-ar,lookup:linears=torch")
     assert s["machine"]["threads"] == 2 and s["config"]["dtype"] == "float32"
     lk = s["results"]["lookup"]["qa"]
     assert lk["prompts"] == 1 and lk["identical_prompts"] == lk["prompts"]
     assert s["results"]["hf-ar"]["qa"]["tau"] is None and s["results"]["ar"]["qa"]["tau"] == 1.0
     recs = [json.loads(x) for x in (out / "results.jsonl").read_text().splitlines()]
-    assert len(recs) == 3 and all(not r["error"] and 0 < r["new_tokens"] <= 8 for r in recs)
+    assert len(recs) == 4 and all(not r["error"] and 0 < r["new_tokens"] <= 8 for r in recs)
+    # the benchmark's own option: the same method on torch's linear kernels, with a drafter of its own
+    assert s["results"]["lookup:linears=torch"]["qa"]["identical_prompts"] == 1
+
+
+def test_linear_kernel_variants_are_a_benchmark_option():
+    import contextlib
+
+    from drafttree.kernels import torch_linears
+
+    assert R.method_parts("eagle2:k=4:linears=torch") == ("eagle2", {"k": 4}, torch_linears)
+    assert R.method_parts("eagle2:k=4") == ("eagle2", {"k": 4}, contextlib.nullcontext)
+    with pytest.raises(DraftTreeError, match="linears="):
+        R.method_parts("ar:linears=fast")

@@ -4,8 +4,10 @@ A verify-cost curve measured on one sequence does not say what a forward over se
 reads its own past, masks grow with the batch), and drafting runs once per row. So the batch keeps, per
 batch-size bucket, the measured tokens per second of rounds with drafts and of plain rounds (every row
 verifies its root only), uses the better and probes the other now and then (the wait growing after a failed
-probe). The default therefore never settles below batched plain decoding. Seeded rows ignore it (their
-trees must not depend on the clock) and draft as they would alone.
+probe). The default therefore never settles below batched plain decoding. A lone sequence drafts as it would
+alone (its budget already falls back to the root when a tree does not pay for its verification; timing single
+rounds of one row only adds noise to that). Seeded rows ignore it (their trees must not depend on the clock)
+and draft as they would alone.
 """
 
 from __future__ import annotations
@@ -32,6 +34,8 @@ class DraftOrPlain:
         """True: this round drafts. An unmeasured size starts in the mode that won at the nearest measured size
         (with nothing measured: drafting alone, plain in a batch) and probes the other after ``probe`` rounds."""
         b = bucket(rows)
+        if rows == 1:  # a lone sequence: its drafter's own budget already weighs each tree against plain decoding
+            return True
         if (b, True) in self.rate and (b, False) in self.rate:
             best = self.rate[(b, True)] >= self.rate[(b, False)]
             wait = self.wait.get((b, not best), self.probe)
