@@ -73,7 +73,7 @@ def test_lookup_is_lossless(default_fp32, references):
 def test_draft_model_is_lossless(default_fp32, references, opts):
     draft = truncated_copy(default_fp32, 10)
     sm = SpeculativeModel(default_fp32, method="draft", draft=draft, **opts)
-    taus = _check_method(sm, "draft", references, n=6)  # a 10-layer draft is slow on 2 cores: six prompts
+    taus = _check_method(sm, "draft", references, n=4)  # a 10-layer draft is slow on 2 cores: four prompts
     assert 1.0 < sum(taus) / len(taus) < 1.0 + opts["k"], "the truncated draft is accepted sometimes, not always"
 
 

@@ -30,7 +30,9 @@ import torch.nn.functional as F
 
 from drafttree.paths import cache_dir
 
-MAX_ROWS = 48  # above this torch's packed GEMM wins (measured on a 2-core Xeon: the crossover is ~48-64 rows)
+# Above this torch's packed GEMM is as fast or faster (2-core Xeon, float32, `drafttree calibrate
+# --compare-kernels`: SmolLM2-135M at ~48 rows, Qwen2.5-Coder-1.5B at ~32).
+MAX_ROWS = 32
 SOURCE = Path(__file__).with_name("small_gemm.cpp")
 _DTYPES = (torch.float32, torch.bfloat16)
 
