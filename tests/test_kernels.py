@@ -75,3 +75,18 @@ def test_only_inside_fast_linears_and_only_where_it_applies():
 def test_switched_off_by_environment(monkeypatch):
     monkeypatch.setenv("DRAFTTREE_KERNELS", "0")
     assert gemm._why_not() == "off (DRAFTTREE_KERNELS=0)"
+
+
+@needs_kernel
+def test_empty_inputs_and_a_model_that_still_pickles():
+    import pickle
+
+    w = torch.randn(40, 32)
+    assert ext.linear(torch.zeros(0, 32), w).shape == (0, 40)
+    model = torch.nn.Sequential(torch.nn.Linear(32, 40))
+    with torch.no_grad(), fast_linears(model):
+        assert model(torch.zeros(0, 32)).shape == (0, 40)
+    again = pickle.loads(pickle.dumps(model))
+    x = torch.randn(3, 32)
+    with torch.no_grad():
+        assert torch.equal(again(x), model(x))

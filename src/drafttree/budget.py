@@ -21,7 +21,7 @@ from pathlib import Path
 
 import torch
 
-from drafttree.kernels import kernels_in_use, torch_linears
+from drafttree.kernels import kernel_key, torch_linears
 from drafttree.paths import calibration_dir
 
 SIZES = [1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 96]
@@ -70,7 +70,7 @@ def _key(runner, name: str) -> str:
     dev = runner.device
     parts = [CURVE_VERSION, name, str(runner.dtype), dev.type, str(torch.get_num_threads()), torch.__version__,
              str(getattr(runner.config, "num_hidden_layers", "")), str(getattr(runner.config, "hidden_size", "")),
-             ("small-gemm" if kernels_in_use() else "torch") if dev.type == "cpu" else ""]
+             kernel_key() if dev.type == "cpu" else ""]
     if dev.type == "cuda":
         parts.append(torch.cuda.get_device_name(dev))
     return hashlib.sha256("|".join(parts).encode()).hexdigest()[:16]

@@ -156,8 +156,10 @@ class BenchRunner:
                 continue
             if m not in HF_METHODS:
                 try:  # build it now: config errors surface before any timing
-                    name, opts, _ = method_parts(m)
+                    name, opts, linears = method_parts(m)
                     self._drafter(m, torch.tensor([0, 1]), 1) if name in BENCH_METHODS else self.lm.drafter(name, opts)
+                    with linears():  # a variant's own drafter (and its verify-cost curve) before any timing
+                        self._variant_drafter(m)
                 except DraftTreeError as e:
                     self._skip_or_fail(m, str(e))
                     continue

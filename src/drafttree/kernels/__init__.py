@@ -3,6 +3,7 @@
 from drafttree.kernels.gemm import (
     MAX_ROWS,
     fast_linears,
+    kernel_key,
     kernel_status,
     kernels_in_use,
     linear,
@@ -10,4 +11,5 @@ from drafttree.kernels.gemm import (
     torch_linears,
 )
 
-__all__ = ["MAX_ROWS", "fast_linears", "kernel_status", "kernels_in_use", "linear", "small_gemm", "torch_linears"]
+__all__ = ["MAX_ROWS", "fast_linears", "kernel_key", "kernel_status", "kernels_in_use", "linear", "small_gemm",
+           "torch_linears"]

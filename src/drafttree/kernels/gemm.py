@@ -15,6 +15,7 @@ is one warning line and torch from then on.
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import os
 import platform
@@ -23,7 +24,6 @@ import sys
 import threading
 from collections.abc import Iterator
 from pathlib import Path
-from types import MethodType
 
 import torch
 import torch.nn.functional as F
@@ -96,6 +96,13 @@ def _build():
                 extra_cflags=["-O3", "-march=native", "-fopenmp"], extra_ldflags=["-fopenmp"], verbose=False)
 
 
+def kernel_key() -> str:
+    """What the kernel in use is (source and row limit), for caches of measured costs; "torch" when it is not."""
+    if not kernels_in_use():
+        return "torch"
+    return f"small-gemm-{MAX_ROWS}-{hashlib.sha256(SOURCE.read_bytes()).hexdigest()[:8]}"
+
+
 def kernels_in_use() -> bool:
     """Whether linear layers inside :func:`fast_linears` run the kernel here and now (not under torch_linears)."""
     return small_gemm() is not None and not getattr(_active, "off", 0)
@@ -110,7 +117,7 @@ def kernel_status() -> str:
 def _applies(x: torch.Tensor, w: torch.Tensor) -> bool:
     return (_ext is not None and not getattr(_active, "off", 0) and x.dtype == w.dtype and w.dtype in _DTYPES
             and x.device.type == "cpu" and w.device.type == "cpu" and w.dim() == 2 and w.is_contiguous()
-            and x.dim() >= 1 and x.numel() <= MAX_ROWS * x.shape[-1] and not torch.is_grad_enabled())
+            and x.dim() >= 1 and 0 < x.numel() <= MAX_ROWS * x.shape[-1] and not torch.is_grad_enabled())
 
 
 def linear(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
@@ -134,7 +141,7 @@ def _install(model: torch.nn.Module) -> None:
         if (type(module) is torch.nn.Linear and module.weight.device.type == "cpu"
                 and module.weight.dtype in _DTYPES and module.weight.is_contiguous()
                 and "forward" not in module.__dict__):
-            module.forward = MethodType(_forward, module)
+            module.forward = functools.partial(_forward, module)  # unlike a bound method, it pickles
     model._drafttree_small_gemm = True
 
 

@@ -5,7 +5,8 @@
 // is read from memory once and used for every input row while it sits in L1.
 // Numerics: float32 accumulation of products of the stored values (float32, or bf16 widened exactly), one
 // fixed summation order per output whatever the number of rows: a row's result does not depend on the
-// rows computed with it (tree verification gives the logits a one-token step would).
+// rows computed with it (tree verification gives the logits a one-token step would, for products the
+// kernel takes: up to gemm.py's MAX_ROWS rows; bigger ones go to torch).
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 #include <immintrin.h>
@@ -92,6 +93,7 @@ void rows_times_four(const T* x, int64_t M, const T* w, int64_t K, float* out, i
 
 template <typename T>
 void gemm(const T* x, int64_t M, const T* w, int64_t N, int64_t K, float* out) {
+  if (M == 0 || N == 0) return;
   const int64_t step = M == 1 ? 16 : 4;  // one row: 16 weight rows per tile; more: 4 x 4 tiles
   const int64_t blocks = (N + step - 1) / step;
   at::parallel_for(0, blocks, M == 1 ? 8 : 16, [&](int64_t b0, int64_t b1) {
@@ -131,5 +133,6 @@ torch::Tensor linear(const torch::Tensor& x, const torch::Tensor& w, const c10::
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   init_lanes();
-  m.def("linear", &linear, py::arg("x"), py::arg("w"), py::arg("bias") = py::none());
+  m.def("linear", &linear, py::arg("x"), py::arg("w"), py::arg("bias") = py::none(),
+        py::call_guard<py::gil_scoped_release>());  // only torch ops inside: other Python threads keep running
 }
