@@ -100,7 +100,12 @@ def kernel_key() -> str:
     """What the kernel in use is (source and row limit), for caches of measured costs; "torch" when it is not."""
     if not kernels_in_use():
         return "torch"
-    return f"small-gemm-{MAX_ROWS}-{hashlib.sha256(SOURCE.read_bytes()).hexdigest()[:8]}"
+    return f"small-gemm-{MAX_ROWS}-{_source_hash()}"
+
+
+@functools.cache
+def _source_hash() -> str:
+    return hashlib.sha256(SOURCE.read_bytes()).hexdigest()[:8]
 
 
 def kernels_in_use() -> bool:
@@ -138,9 +143,8 @@ def _install(model: torch.nn.Module) -> None:
     if getattr(model, "_drafttree_small_gemm", False):
         return
     for module in model.modules():
-        if (type(module) is torch.nn.Linear and module.weight.device.type == "cpu"
-                and module.weight.dtype in _DTYPES and module.weight.is_contiguous()
-                and "forward" not in module.__dict__):
+        # every plain Linear: whether a call can take the kernel (device, dtype, layout, rows) is checked per call
+        if type(module) is torch.nn.Linear and "forward" not in module.__dict__:
             module.forward = functools.partial(_forward, module)  # unlike a bound method, it pickles
     model._drafttree_small_gemm = True
 
