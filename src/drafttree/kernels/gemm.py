@@ -6,10 +6,10 @@ memory traffic alone would allow ~one. The kernel reads each weight block once f
 float32 (the weights' values as stored: float32, or bf16 widened exactly) and is row-invariant.
 
 It is built on first use with torch's ``cpp_extension`` (g++, ``-march=native``) into the drafttree cache and
-used only where it applies: CPU, AVX-512, float32/bf16, no autograd, at most :data:`MAX_ROWS` rows, and only
-inside :func:`fast_linears` blocks, so the same model object runs torch's own kernels everywhere else (e.g.
-Hugging Face's ``generate``, our ``hf-ar`` baseline). ``DRAFTTREE_KERNELS=0`` turns it off; any build problem
-is one warning line and torch from then on.
+used only where it applies: CPU with AVX-512 or AVX2 + FMA (the vector width is chosen when it is built),
+float32/bf16, no autograd, at most :data:`MAX_ROWS` rows, and only inside :func:`fast_linears` blocks, so the
+same model object runs torch's own kernels everywhere else (e.g. Hugging Face's ``generate``, our ``hf-ar``
+baseline). ``DRAFTTREE_KERNELS=0`` turns it off; any build problem is one warning line and torch from then on.
 """
 
 from __future__ import annotations
@@ -30,8 +30,8 @@ import torch.nn.functional as F
 
 from drafttree.paths import cache_dir
 
-# Above this torch's packed GEMM is as fast or faster (2-core Xeon, float32, `drafttree calibrate
-# --compare-kernels`: SmolLM2-135M at ~48 rows, Qwen2.5-Coder-1.5B at ~32).
+# Above this torch's packed GEMM is as fast or faster (`drafttree calibrate --compare-kernels`, float32:
+# 2-core Xeon, AVX-512: SmolLM2-135M at ~48 rows, Qwen2.5-Coder-1.5B at ~32; 2-core AMD EPYC, AVX2: ~32 rows).
 MAX_ROWS = 32
 SOURCE = Path(__file__).with_name("small_gemm.cpp")
 _DTYPES = (torch.float32, torch.bfloat16)
@@ -55,8 +55,9 @@ def _cpu_flags() -> str:
 def _why_not() -> str | None:
     if os.environ.get("DRAFTTREE_KERNELS", "1").strip().lower() in ("0", "off", "false", "no"):
         return "off (DRAFTTREE_KERNELS=0)"
-    if platform.machine() not in ("x86_64", "AMD64") or " avx512f" not in _cpu_flags():
-        return "off (no AVX-512 on this CPU)"
+    flags = set(_cpu_flags().split())
+    if platform.machine() not in ("x86_64", "AMD64") or not ("avx512f" in flags or {"avx2", "fma"} <= flags):
+        return "off (neither AVX-512 nor AVX2 with FMA on this CPU)"
     if shutil.which(os.environ.get("CXX", "c++")) is None:
         return "off (no C++ compiler)"
     return None

@@ -14,17 +14,24 @@
 
 namespace {
 
-inline __m512 load16(const float* p) { return _mm512_loadu_ps(p); }
-inline __m512 load16(const at::BFloat16* p) {  // bf16 -> float32 is exact: the bits shifted into the top half
+// One vector backend, chosen at build time (-march=native): AVX-512 (16 lanes, 4 x 4 tiles: 16 accumulators of
+// 32 registers) or AVX2 + FMA (8 lanes, 3 x 4 tiles: 12 accumulators of 16 registers).
+#if defined(__AVX512F__)
+using vec = __m512;
+constexpr int LANES = 16, TILE_ROWS = 4;
+inline vec vzero() { return _mm512_setzero_ps(); }
+inline vec vset(float v) { return _mm512_set1_ps(v); }
+inline vec vfma(vec a, vec b, vec c) { return _mm512_fmadd_ps(a, b, c); }
+inline void vstore(float* p, vec v) { _mm512_storeu_ps(p, v); }
+inline vec vload(const float* p) { return _mm512_loadu_ps(p); }
+inline vec vload(const at::BFloat16* p) {  // bf16 -> float32 is exact: the bits shifted into the top half
   __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
   return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
 }
-inline float widen(float v) { return v; }
-inline float widen(at::BFloat16 v) { return static_cast<float>(v); }
 
 // Sixteen accumulators -> one vector of their lane sums; every accumulator is folded by the same tree
 // (lanes i+8, then i+4, i+2, i+1), so the order of a sum does not depend on which accumulators go with it.
-inline __m512 reduce16(const __m512* v) {
+inline vec reduce(const vec* v) {
   __m512 t[8], u[4], w[2];
   for (int i = 0; i < 8; ++i)
     t[i] = _mm512_add_ps(_mm512_shuffle_f32x4(v[2 * i], v[2 * i + 1], 0x44),
@@ -36,41 +43,79 @@ inline __m512 reduce16(const __m512* v) {
     w[i] = _mm512_add_ps(_mm512_shuffle_ps(u[2 * i], u[2 * i + 1], 0x44), _mm512_shuffle_ps(u[2 * i], u[2 * i + 1], 0xEE));
   return _mm512_add_ps(_mm512_shuffle_ps(w[0], w[1], 0x88), _mm512_shuffle_ps(w[0], w[1], 0xDD));
 }
-
-int LANE_OF[16];  // accumulator j's sum lands in lane LANE_OF[j] of reduce16's result
-
-void init_lanes() {
-  __m512 v[16];
-  for (int j = 0; j < 16; ++j) v[j] = _mm512_set1_ps(static_cast<float>(j));
-  float out[16];
-  _mm512_storeu_ps(out, reduce16(v));
-  for (int lane = 0; lane < 16; ++lane) LANE_OF[static_cast<int>(out[lane] / 16.0f + 0.5f)] = lane;
+#elif defined(__AVX2__) && defined(__FMA__)
+using vec = __m256;
+constexpr int LANES = 8, TILE_ROWS = 3;
+inline vec vzero() { return _mm256_setzero_ps(); }
+inline vec vset(float v) { return _mm256_set1_ps(v); }
+inline vec vfma(vec a, vec b, vec c) { return _mm256_fmadd_ps(a, b, c); }
+inline void vstore(float* p, vec v) { _mm256_storeu_ps(p, v); }
+inline vec vload(const float* p) { return _mm256_loadu_ps(p); }
+inline vec vload(const at::BFloat16* p) {
+  __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
 }
 
-// R input rows times C weight rows (R * C <= 16 accumulators), written to out[r * ldo + c].
+// Eight accumulators -> one vector of their lane sums, each folded as ((l0+l1)+(l2+l3))+((l4+l5)+(l6+l7)).
+inline vec reduce(const vec* v) {
+  __m256 t[4], u[2];
+  for (int i = 0; i < 4; ++i) t[i] = _mm256_hadd_ps(v[2 * i], v[2 * i + 1]);
+  for (int i = 0; i < 2; ++i) u[i] = _mm256_hadd_ps(t[2 * i], t[2 * i + 1]);
+  return _mm256_add_ps(_mm256_permute2f128_ps(u[0], u[1], 0x20), _mm256_permute2f128_ps(u[0], u[1], 0x31));
+}
+#else
+#error "small_gemm needs AVX-512F, or AVX2 with FMA"
+#endif
+
+constexpr int ACC = LANES;  // accumulators one reduce() folds; a tile uses one or more such groups
+inline float widen(float v) { return v; }
+inline float widen(at::BFloat16 v) { return static_cast<float>(v); }
+
+int LANE_OF[ACC];  // accumulator j's sum lands in lane LANE_OF[j] of reduce()'s result
+
+void init_lanes() {
+  vec v[ACC];
+  for (int j = 0; j < ACC; ++j) v[j] = vset(static_cast<float>(j));
+  float out[ACC];
+  vstore(out, reduce(v));
+  for (int lane = 0; lane < ACC; ++lane) LANE_OF[static_cast<int>(out[lane] / LANES + 0.5f)] = lane;
+}
+
+// R input rows times C weight rows, written to out[r * ldo + c]; accumulators folded ACC at a time.
 template <typename T, int R, int C>
 inline void tile(const T* x, const T* w, int64_t K, float* out, int64_t ldo, const T* pf = nullptr, int ppi = 0) {
+  constexpr int GROUPS = (R * C + ACC - 1) / ACC;
   constexpr int64_t line = 64 / sizeof(T);
-  __m512 acc[16];
-  for (int i = 0; i < 16; ++i) acc[i] = _mm512_setzero_ps();
+  vec acc[GROUPS * ACC];
+  for (int i = 0; i < GROUPS * ACC; ++i) acc[i] = vzero();
   int64_t k = 0;
-  for (; k + 16 <= K; k += 16) {
-    __m512 wv[C];
-    for (int c = 0; c < C; ++c) wv[c] = load16(w + c * K + k);
-    for (int j = 0; j < ppi; ++j) _mm_prefetch(reinterpret_cast<const char*>(pf + ((k / 16) * ppi + j) * line), _MM_HINT_T0);
+  for (; k + LANES <= K; k += LANES) {
+    vec wv[C];
+    for (int c = 0; c < C; ++c) wv[c] = vload(w + c * K + k);
+    for (int j = 0; j < ppi; ++j) _mm_prefetch(reinterpret_cast<const char*>(pf + ((k / LANES) * ppi + j) * line), _MM_HINT_T0);
     for (int r = 0; r < R; ++r) {
-      __m512 xv = load16(x + r * K + k);
-      for (int c = 0; c < C; ++c) acc[r * C + c] = _mm512_fmadd_ps(xv, wv[c], acc[r * C + c]);
+      vec xv = vload(x + r * K + k);
+      for (int c = 0; c < C; ++c) acc[r * C + c] = vfma(xv, wv[c], acc[r * C + c]);
     }
   }
-  float sums[16];
-  _mm512_storeu_ps(sums, reduce16(acc));
+  float sums[GROUPS * ACC];
+  for (int g = 0; g < GROUPS; ++g) vstore(sums + g * ACC, reduce(acc + g * ACC));
   for (int r = 0; r < R; ++r)
     for (int c = 0; c < C; ++c) {
-      float s = sums[LANE_OF[r * C + c]];
+      const int j = r * C + c;
+      float s = sums[(j / ACC) * ACC + LANE_OF[j % ACC]];
       for (int64_t t = k; t < K; ++t) s += widen(x[r * K + t]) * widen(w[c * K + t]);
       out[r * ldo + c] = s;
     }
+}
+
+// The last rows of a block when M is not a multiple of TILE_ROWS: one tile of exactly that many rows.
+template <typename T, int R>
+inline void last_rows(int64_t rest, const T* x, const T* w, int64_t K, float* out, int64_t ldo, const T* pf, int ppi) {
+  if constexpr (R > 0) {
+    if (rest == R) tile<T, R, 4>(x, w, K, out, ldo, pf, ppi);
+    else last_rows<T, R - 1>(rest, x, w, K, out, ldo, pf, ppi);
+  }
 }
 
 template <typename T>
@@ -78,29 +123,25 @@ void rows_times_four(const T* x, int64_t M, const T* w, int64_t K, float* out, i
   // While the tiles of this block compute, the next block (4 rows, contiguous) is prefetched, spread evenly
   // over all their inner iterations: memory and arithmetic overlap instead of taking turns.
   constexpr int64_t line = 64 / sizeof(T);
-  const int64_t chunks = (M + 3) / 4, iters = K / 16;
+  const int64_t chunks = (M + TILE_ROWS - 1) / TILE_ROWS, iters = K / LANES;
   const int ppi = next == nullptr || iters == 0 ? 0 : static_cast<int>((4 * K / line + chunks * iters - 1) / (chunks * iters));
   int64_t m = 0, chunk = 0;
   auto share = [&](int64_t c) { return next == nullptr ? nullptr : next + c * iters * ppi * line; };
-  for (; m + 4 <= M; m += 4, ++chunk) tile<T, 4, 4>(x + m * K, w, K, out + m * N, N, share(chunk), ppi);
-  switch (M - m) {
-    case 3: tile<T, 3, 4>(x + m * K, w, K, out + m * N, N, share(chunk), ppi); break;
-    case 2: tile<T, 2, 4>(x + m * K, w, K, out + m * N, N, share(chunk), ppi); break;
-    case 1: tile<T, 1, 4>(x + m * K, w, K, out + m * N, N, share(chunk), ppi); break;
-    default: break;
-  }
+  for (; m + TILE_ROWS <= M; m += TILE_ROWS, ++chunk)
+    tile<T, TILE_ROWS, 4>(x + m * K, w, K, out + m * N, N, share(chunk), ppi);
+  last_rows<T, TILE_ROWS - 1>(M - m, x + m * K, w, K, out + m * N, N, share(chunk), ppi);
 }
 
 template <typename T>
 void gemm(const T* x, int64_t M, const T* w, int64_t N, int64_t K, float* out) {
   if (M == 0 || N == 0) return;
-  const int64_t step = M == 1 ? 16 : 4;  // one row: 16 weight rows per tile; more: 4 x 4 tiles
+  const int64_t step = M == 1 ? ACC : 4;  // one row: ACC weight rows per tile; more: TILE_ROWS x 4 tiles
   const int64_t blocks = (N + step - 1) / step;
   at::parallel_for(0, blocks, M == 1 ? 8 : 16, [&](int64_t b0, int64_t b1) {
     for (int64_t b = b0; b < b1; ++b) {
       const int64_t n = b * step;
       if (n + step <= N) {
-        if (M == 1) tile<T, 1, 16>(x, w + n * K, K, out + n, N);
+        if (M == 1) tile<T, 1, ACC>(x, w + n * K, K, out + n, N);
         else rows_times_four<T>(x, M, w + n * K, K, out + n, N, n + 2 * step <= N ? w + (n + step) * K : nullptr);
       } else {
         for (int64_t j = n; j < N; ++j)
