@@ -1,7 +1,10 @@
 """Fit the hybrid drafter's calibration priors for a target + head on its training prompts.
 
     python scripts/fit_hybrid_priors.py --prompts data/prompts.jsonl --n 16 \
-        --out src/drafttree/assets/heads/smollm2-135m-instruct
+        --out src/drafttree/assets/heads/smollm2-135m-instruct [--temperature 1]
+
+``--temperature 0`` fits the greedy mode (the file's ``sources``), above 0 the sampled mode (``sampled``);
+the other mode's fit in an existing file is kept.
 
 Training prompts only (``drafttree data prompts``), never the benchmark tasks; prompts are taken from the
 end of the file, spread over its categories by a seeded shuffle.
@@ -30,6 +33,7 @@ def main() -> None:
     ap.add_argument("--max-new-tokens", type=int, default=128)
     ap.add_argument("--dtype", default="auto")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--temperature", type=float, default=0.0)
     args = ap.parse_args()
     torch.set_num_threads(2)
     rows = [json.loads(line) for line in Path(args.prompts).read_text().splitlines() if line.strip()]
@@ -37,11 +41,18 @@ def main() -> None:
     prompts = [[next(m for m in r["messages"] if m["role"] == "user")] for r in rows[: args.n]]
     lm = SpeculativeModel.from_pretrained(args.model, head=args.out, dtype=args.dtype, show_progress=False)
     bar = tqdm(total=len(prompts), desc="fitting hybrid priors")
-    data = fit_priors(lm, prompts, args.max_new_tokens, progress=lambda: bar.update(1))
+    fit = fit_priors(lm, prompts, args.max_new_tokens, args.temperature, progress=lambda: bar.update(1))
     bar.close()
-    data["meta"] = {"model": args.model, "prompts": str(args.prompts), "n": len(prompts), "seed": args.seed,
-                    "max_new_tokens": args.max_new_tokens, "options": FIT_OPTIONS, "dtype": args.dtype}
-    (Path(args.out) / PRIORS_FILE).write_text(json.dumps(data))
+    fit["meta"] = {"model": args.model, "prompts": str(args.prompts), "n": len(prompts), "seed": args.seed,
+                   "max_new_tokens": args.max_new_tokens, "options": FIT_OPTIONS, "dtype": args.dtype,
+                   "temperature": args.temperature}
+    path = Path(args.out) / PRIORS_FILE
+    data = json.loads(path.read_text()) if path.exists() else {}
+    if args.temperature > 0:
+        data["sampled"] = fit
+    else:
+        data.update(fit)
+    path.write_text(json.dumps(data))
     print(f"wrote {Path(args.out) / PRIORS_FILE}")
 
 

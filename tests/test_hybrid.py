@@ -144,6 +144,34 @@ def test_a_wrong_source_shrinks_the_tree_to_the_root():
     assert sizes[0] > 1 and sizes[-1] == 1
 
 
+def test_greedy_and_sampled_generations_learn_separate_calibrations():
+    """What the target accepts at T=0 says little about T=1: each mode has its own cells and fitted prior."""
+    from drafttree.budget import CostModel, TreeBudget
+    from drafttree.drafters.base import DraftRequest
+    from drafttree.sources.priors import apply_priors
+
+    budget = TreeBudget(CostModel([1, 2, 4, 8], [1.0, 1.2, 1.5, 2.0]), max_total=8, min_total=1)
+    src = ConstantSource([3, 4, 5], prior=0.5)
+    hd = HybridDrafter([src], budget=budget)
+    fitted = {"greedy": {"const": (torch.tensor([90.0]), torch.tensor([100.0]))},
+              "sampled": {"const": (torch.tensor([40.0]), torch.tensor([100.0]))}}
+    apply_priors(hd.calibrations, ["const"], fitted)
+    greedy, sampled = hd.calibrations["greedy"][0], hd.calibrations["sampled"][0]
+    assert float(greedy.prior[0]) > 0.8 and float(sampled.prior[0]) < 0.5
+
+    def run(sampling, rounds=5):
+        hd.begin(torch.tensor([1, 2]), torch.zeros(2, 4), 2)
+        for _ in range(rounds):
+            hd.propose(DraftRequest([1, 2, 2], 2, 8, sampling, torch.Generator().manual_seed(0)))
+            hd.observe([2, 3, 4], torch.zeros(3, 4), 7)  # the target accepts 3 and 4
+
+    run(Sampling())
+    assert src.calibration is greedy and float(greedy.trials.sum()) > 0
+    assert float(sampled.trials.sum()) == 0, "greedy rounds must not move the sampled cells"
+    run(Sampling(temperature=1.0))
+    assert src.calibration is sampled and float(sampled.trials.sum()) > 0
+
+
 # --------------------------------------------------------------- T > 0: deep mixed-source trees are lossless
 
 

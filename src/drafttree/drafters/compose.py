@@ -33,12 +33,13 @@ def make_hybrid(target, draft=None, head=None, o: HybridOptions | None = None) -
         sources.append(DraftLMSource(draft.model, target.vocab_size, param_count(target.model), **model_kw))
     if not sources:
         raise DraftTreeError(f"no source of {'+'.join(wanted)} is loaded")
+    total = None if budget is not None else o.total_tokens
+    drafter = HybridDrafter(sources, budget=budget, total_tokens=total, gate=o.gate)
     if head is not None:
         from drafttree.sources.priors import apply_priors, load_priors
 
-        apply_priors(sources, load_priors(getattr(head, "path", None)))
-    total = None if budget is not None else o.total_tokens
-    return HybridDrafter(sources, budget=budget, total_tokens=total, gate=o.gate)
+        apply_priors(drafter.calibrations, [s.name for s in sources], load_priors(getattr(head, "path", None)))
+    return drafter
 
 
 def make_switch(target, draft=None, head=None, o: SwitchOptions | None = None) -> SwitchDrafter:

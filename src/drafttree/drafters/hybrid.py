@@ -120,6 +120,10 @@ class HybridDrafter(Drafter):
         self.budget, self.total_tokens = budget, total_tokens
         self.base_cost = budget.cost if budget is not None else None  # batched rounds charge a share of it
         self.gates = [Gate(enabled=gate and s.cost > 0) for s in self.sources]
+        # acceptance differs between argmax (T=0) and sampling (a candidate is accepted with the target's
+        # probability of it), so each mode has its own calibration per source, with its own fitted prior
+        self.calibrations = {"greedy": [s.calibration for s in self.sources],
+                             "sampled": [s.calibration.fresh() for s in self.sources]}
         self.name = name
         self._round: tuple | None = None
         self._fresh = True
@@ -134,11 +138,12 @@ class HybridDrafter(Drafter):
         self._fresh = True
         self.source_accepts = [0] * len(self.sources)
 
-    def _start_generation(self, reproducible: bool) -> None:
-        """Seeded generations start from the priors (and so reproduce); others keep what earlier generations
-        learned, half-weighted so that a new kind of prompt takes over quickly."""
-        for s in self.sources:
-            cal = s.calibration
+    def _start_generation(self, reproducible: bool, greedy: bool = True) -> None:
+        """Pick the calibrations of this sampling mode. Seeded generations start from the priors (and so
+        reproduce); others keep what earlier generations learned, half-weighted so that a new kind of prompt
+        takes over quickly."""
+        for s, cal in zip(self.sources, self.calibrations["greedy" if greedy else "sampled"]):
+            s.calibration = cal
             if reproducible:
                 cal.reset()
             else:
@@ -155,7 +160,7 @@ class HybridDrafter(Drafter):
 
     def propose(self, req: DraftRequest) -> DraftTree:
         if self._fresh:
-            self._start_generation(req.reproducible)
+            self._start_generation(req.reproducible, req.sampling.greedy)
         if req.max_depth <= 0:
             return DraftTree.root_only(req.root)
         rc = RoundContext(req.context, req.root, req.max_depth, req.sampling, [])

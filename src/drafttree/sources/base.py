@@ -47,6 +47,10 @@ class Calibration:
         self.hits.zero_()
         self.trials.zero_()
 
+    def fresh(self) -> Calibration:
+        """A calibration with this one's built-in default prior and no observations."""
+        return Calibration(self.default[0].clone(), self.default[1], self.floor)
+
 
 @dataclass
 class Proposal:

@@ -17,45 +17,64 @@ PRIORS_FILE = "hybrid-priors.json"
 FIT_OPTIONS = {"gate": False, "total_tokens": 24}
 
 
-def load_priors(head_dir: str | Path | None) -> dict[str, torch.Tensor]:
-    """Fitted acceptance rates per source name ({} when none ship with the head)."""
+MODES = ("greedy", "sampled")
+
+
+def _parse(sources: dict) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
+    return {name: (torch.tensor(d["hits"], dtype=torch.float64), torch.tensor(d["trials"], dtype=torch.float64))
+            for name, d in sources.items()}
+
+
+def load_priors(head_dir: str | Path | None) -> dict[str, dict[str, tuple[torch.Tensor, torch.Tensor]]]:
+    """Fitted (hits, trials) per sampling mode and source name ({} when none ship with the head).
+
+    The file holds the greedy (T=0) fit under ``sources`` and, when fitted, the sampled one under
+    ``sampled.sources``; a mode without a fit keeps the built-in defaults.
+    """
     if head_dir is None or not (Path(head_dir) / PRIORS_FILE).exists():
         return {}
     data = json.loads((Path(head_dir) / PRIORS_FILE).read_text())
-    out = {}
-    for name, d in data["sources"].items():
-        out[name] = (torch.tensor(d["hits"], dtype=torch.float64), torch.tensor(d["trials"], dtype=torch.float64))
+    out = {"greedy": _parse(data["sources"])}
+    if "sampled" in data:
+        out["sampled"] = _parse(data["sampled"]["sources"])
     return out
 
 
-def apply_priors(sources, priors: dict, strength: float = 8.0) -> None:
-    """Blend each source's default prior with its fitted hits/trials (``strength`` pseudo-trials of default)."""
-    for s in sources:
-        if s.name in priors:
-            hits, trials = priors[s.name]
-            cal = s.calibration
+def apply_priors(calibrations: dict[str, list], names: list[str], priors: dict, strength: float = 8.0) -> None:
+    """Blend each calibration's default prior with its fitted hits/trials (``strength`` pseudo-trials of the
+    default); ``calibrations`` maps a mode to one calibration per source, ``names`` the sources' names."""
+    for mode, cals in calibrations.items():
+        fitted = priors.get(mode, {})
+        for name, cal in zip(names, cals):
+            if name not in fitted:
+                continue
+            hits, trials = fitted[name]
             if hits.shape != cal.prior.shape:
                 continue  # fitted for another cell layout: keep the defaults
-            cal.prior = ((hits + strength * cal.prior) / (trials + strength)).clamp(cal.floor, 1 - cal.floor)
+            default = cal.default[0]
+            cal.prior = ((hits + strength * default) / (trials + strength)).clamp(cal.floor, 1 - cal.floor)
             cal.strength = strength
 
 
-def fit_priors(model, prompts: list, max_new_tokens: int = 128, progress=None) -> dict:
-    """Decode ``prompts`` with the hybrid (big trees, gates open) and sum every source's observations."""
+def fit_priors(model, prompts: list, max_new_tokens: int = 128, temperature: float = 0.0, progress=None) -> dict:
+    """Decode ``prompts`` with the hybrid (big trees, gates open) at ``temperature`` and sum every source's
+    observations; the result is the file's entry for that mode (greedy at 0, sampled above)."""
     drafter = model.drafter("hybrid", dict(FIT_OPTIONS))
-    for s in drafter.sources:  # fit from the built-in defaults, not from priors fitted earlier
-        s.calibration.prior, s.calibration.strength = s.calibration.default[0].clone(), s.calibration.default[1]
+    for cals in drafter.calibrations.values():  # fit from the built-in defaults, not from priors fitted earlier
+        for cal in cals:
+            cal.prior, cal.strength = cal.default[0].clone(), cal.default[1]
+    mode = "greedy" if temperature == 0 else "sampled"
     totals: dict[str, list[torch.Tensor]] = {}
-    for p in prompts:
-        for s in drafter.sources:  # a generation that never drafts must not count the previous one again
-            s.calibration.reset()
+    for i, p in enumerate(prompts):
+        for cal in drafter.calibrations[mode]:  # a generation that never drafts must not count the last again
+            cal.reset()
         # seeded: each generation starts from the defaults, so its counts are its own
-        model.generate(p, max_new_tokens=max_new_tokens, method="hybrid", method_options=dict(FIT_OPTIONS), seed=0)
-        for s in drafter.sources:
-            cal = s.calibration
+        model.generate(p, max_new_tokens=max_new_tokens, method="hybrid", method_options=dict(FIT_OPTIONS),
+                       temperature=temperature, seed=i)
+        for s, cal in zip(drafter.sources, drafter.calibrations[mode]):
             h, t = totals.setdefault(s.name, [torch.zeros_like(cal.hits), torch.zeros_like(cal.trials)])
-            h += s.calibration.hits
-            t += s.calibration.trials
+            h += cal.hits
+            t += cal.trials
         if progress is not None:
             progress()
     return {"sources": {name: {"hits": h.tolist(), "trials": t.tolist()} for name, (h, t) in totals.items()}}
