@@ -142,6 +142,24 @@ def test_ratio_of_means_tau_and_losslessness():
     assert M.first_difference([1, 2], [1, 2, 3]) == 2 and M.first_difference([1], [1]) is None
 
 
+def test_accepted_drafts_per_forward_by_source():
+    """A merged tree's τ - 1 split by the source(s) behind each accepted draft, pooled over forwards."""
+    from drafttree.bench.report import split_table
+
+    a = _rec("auto", "t", 1, 10.0, [[1, 2, 3, 4, 5]], accept=[3, 2])  # 2 forwards, 3 accepted drafts
+    a["source_accepts"] = {"ngram": 2, "head": 2}  # one draft was proposed by both
+    b = _rec("auto", "t", 2, 10.0, [[6, 7]], accept=[1, 1])
+    b["source_accepts"] = {"ngram": 0, "head": 0}
+    c = _rec("ar", "t", 1, 5.0, [[1, 2, 3, 4, 5]], accept=[1] * 5)
+    s = M.summarize_results([a, b, c], ["ar", "auto"], ["t"], temperature=0.0)
+    auto = s["results"]["auto"]
+    assert auto["t"]["source_tau"] == {"head": 0.5, "ngram": 0.5}  # 2 drafts each over 4 forwards
+    assert auto["mean"]["source_tau"] == {"head": 0.5, "ngram": 0.5}
+    assert s["results"]["ar"]["t"]["source_tau"] is None
+    table = split_table({**s, "methods": ["ar", "auto"]})
+    assert "by source" in table and "head 0.50, ngram 0.50" in table
+
+
 def test_mean_over_tasks_failures_and_retries():
     recs = [
         _rec("ar", "a", 1, 10.0, [[1]], accept=[1]), _rec("ar", "b", 1, 10.0, [[1]], accept=[1]),

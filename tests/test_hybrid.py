@@ -230,7 +230,9 @@ def hybrid_drafter(target, draft_vocab: int | None = None):
     if draft_vocab is not None:
         draft = LoadedModel(tiny_causal_lm("llama", vocab=draft_vocab, hidden=32, seed=7), None, "tiny-draft", "")
     tl = LoadedModel(target, None, "tiny", "")
-    return make_drafter("hybrid", tl, draft, head, top_k=3, depth=4, total_tokens=12, gate=False, num_tokens=4)
+    # with a draft LM it also drafts on after the n-grams' likeliest branch (`extend`): more mixed trees
+    return make_drafter("hybrid", tl, draft, head, top_k=3, depth=4, total_tokens=12, gate=False, num_tokens=4,
+                        extend=draft is not None)
 
 
 def sample_sequences(target, drafter, s: Sampling, n: int, length: int, seed: int = 123):

@@ -127,15 +127,18 @@ def test_auto_is_the_hybrid_and_lossless(shipped, references):
     _check_method(shipped, "hybrid", references)
 
 
-@pytest.mark.parametrize("with_head", [False, True])
-def test_hybrid_with_a_draft_model_is_lossless(default_fp32, shipped, references, with_head):
+@pytest.mark.parametrize("with_head,extend", [(False, False), (True, False), (False, True)])
+def test_hybrid_with_a_draft_model_is_lossless(default_fp32, shipped, references, with_head, extend):
     draft = truncated_copy(default_fp32, 10)
-    sm = SpeculativeModel(default_fp32, draft=draft, head=shipped.head if with_head else None)
+    opts = {"extend": extend, "total_tokens": 24} if extend else {}  # a fixed size: every round drafts on
+    sm = SpeculativeModel(default_fp32, draft=draft, head=shipped.head if with_head else None, **opts)
     assert sm.method == "hybrid"
     names = [s.name for s in sm.drafter().sources]
     assert names == (["ngram", "head", "draft"] if with_head else ["ngram", "draft"])
     for p, ref in list(zip(PROMPTS, references))[:6]:
         assert sm.generate(p, max_new_tokens=MAX_NEW).tokens == ref
+    if extend:
+        assert sm.drafter().sources[-1].extended > 0, "the draft LM never drafted on after an n-gram branch"
 
 
 def test_seeded_sampling_does_not_depend_on_the_clock(shipped, monkeypatch):

@@ -102,6 +102,14 @@ def task_metrics(method: str, task: str, recs: dict[tuple, dict], temperature: f
     out["target_forwards"] = sum(fwd) if fwd and None not in fwd else None
     out["target_forwards_per_token"] = (_round(out["target_forwards"] / new) if out["target_forwards"] is not None
                                         and new else None)
+    # accepted draft tokens per target forward by the source(s) that proposed them (a token proposed by several
+    # sources counts for each): how much of τ - 1 each source of one merged tree contributes
+    by_source = [r.get("source_accepts") for r in ok.values()]
+    if by_source and None not in by_source and out["target_forwards"]:
+        names = sorted({k for d in by_source for k in d})
+        out["source_tau"] = {k: _round(sum(d.get(k, 0) for d in by_source) / out["target_forwards"]) for k in names}
+    else:
+        out["source_tau"] = None
     wall = sum(r["wall_time"] for r in ok.values())
     out["wall_time"] = _round(wall, 3)
     splits = [r.get("time_split") for r in ok.values()]
@@ -163,6 +171,10 @@ def mean_over_tasks(per_task: dict[str, dict]) -> dict:
         "new_tokens": sum(m["new_tokens"] for m in rows),
         "wall_time": _round(sum(m["wall_time"] for m in rows), 3),
     }
+    st = [m["source_tau"] for m in rows if m.get("source_tau")]
+    out["source_tau"] = ({k: _round(statistics.fmean(d.get(k, 0.0) for d in st)) for k in sorted({k for d in st
+                                                                                          for k in d})}
+                         if st and len(st) == len(rows) else None)
     fr = [m["time_split_fraction"] for m in rows if m.get("time_split_fraction")]
     out["time_split_fraction"] = ({k: _round(statistics.fmean(f[k] for f in fr)) for k in SPLIT_KEYS}
                                   if fr and len(fr) == len(rows) else None)

@@ -113,11 +113,17 @@ def lossless_table(summary: dict) -> str:
 def split_table(summary: dict) -> str:
     from drafttree.bench.metrics import SPLIT_KEYS
 
-    lines = ["| Method | τ | forwards/token | " + " | ".join(SPLIT_KEYS) + " |", "|---" * (len(SPLIT_KEYS) + 3) + "|"]
+    by_source = any(summary["results"][m][MEAN].get("source_tau") for m in summary["methods"])
+    extra = " drafts accepted per forward, by source |" if by_source else ""
+    lines = ["| Method | τ | forwards/token | " + " | ".join(SPLIT_KEYS) + " |" + extra,
+             "|---" * (len(SPLIT_KEYS) + 3 + by_source) + "|"]
     for m in summary["methods"]:
         r = summary["results"][m][MEAN]
         fr = r.get("time_split_fraction")
         cells = [_fmt(100 * fr[k], ".0f", "%") if fr else DASH for k in SPLIT_KEYS]
+        if by_source:
+            st = r.get("source_tau")
+            cells.append(", ".join(f"{k} {v:.2f}" for k, v in st.items()) if st else DASH)
         lines.append(f"| {m} | {_fmt(r.get('tau'), '.2f')} | {_fmt(r.get('target_forwards_per_token'), '.3f')} | "
                      + " | ".join(cells) + " |")
     return "\n".join(lines)

@@ -239,6 +239,9 @@ class BenchRunner:
                                        "verify": st.time_verify, "other": st.time_other,
                                        "overhead": max(0.0, wall - st.wall_time)},
                         "finish_reason": st.finish_reason, "tokens": list(res.tokens), "text": text}
+                used = drafter if drafter is not None else lm.drafter(name, opts)
+                if hasattr(used, "source_accepts") and hasattr(used, "sources"):  # one tree, several sources
+                    turn["source_accepts"] = {s.name: int(a) for s, a in zip(used.sources, used.source_accepts)}
             out.append(turn)
             messages.append({"role": "assistant", "content": text})
         return out
@@ -274,6 +277,9 @@ class BenchRunner:
             rec["accept_lengths"] = acc
             rec["tau"] = sum(acc) / len(acc) if acc else None
             rec["time_split"] = {k: sum(t["time_split"][k] for t in turns) for k in turns[0]["time_split"]}
+            if all("source_accepts" in t for t in turns):
+                names = turns[0]["source_accepts"]
+                rec["source_accepts"] = {k: sum(t["source_accepts"][k] for t in turns) for k in names}
         rec["identical_across_repeats"] = all([t["tokens"] for t in r] == [t["tokens"] for t in reps[0]]
                                               for r in reps)
         rec["turns"] = turns

@@ -30,7 +30,8 @@ def make_hybrid(target, draft=None, head=None, o: HybridOptions | None = None) -
     if "head" in wanted and head is not None:
         sources.append(HeadSource(head, **model_kw))
     if "draft" in wanted and draft is not None:
-        sources.append(DraftLMSource(draft.model, target.vocab_size, param_count(target.model), **model_kw))
+        sources.append(DraftLMSource(draft.model, target.vocab_size, param_count(target.model), extend=o.extend,
+                                     **model_kw))
     if not sources:
         raise DraftTreeError(f"no source of {'+'.join(wanted)} is loaded")
     total = None if budget is not None else o.total_tokens

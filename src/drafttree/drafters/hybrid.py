@@ -99,7 +99,8 @@ class MergedTree:
                 self.owners.append([])
             else:
                 self.scores[node] = max(self.scores[node], scores[i])
-            self.owners[node].append((prop.source, cells[i]))
+            if cells[i] >= 0:  # cell -1: a node repeated from another source's proposal, not this source's guess
+                self.owners[node].append((prop.source, cells[i]))
             where[i] = node
 
     def best(self, n: int) -> list[int]:

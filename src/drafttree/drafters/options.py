@@ -119,6 +119,7 @@ class HybridOptions:
     max_ngram: int = _opt(4, "int", 1, "longest n-gram the suffix index matches")
     num_tokens: int = _opt(12, "int", 1, "tokens per n-gram continuation")
     max_candidates: int = _opt(8, "int", 1, "n-gram continuations per round")
+    extend: bool = _opt(False, "bool", None, "a draft LM also drafts on after the n-grams' likeliest branch")
 
 
 @dataclass

@@ -10,12 +10,16 @@ The head's cache is synced lazily: rounds in which it does not draft only queue 
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 from drafttree.sources.base import Calibration, Proposal, RoundContext
+from drafttree.tree import Candidates
 
 PROB_EDGES = torch.tensor([0.02, 0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.97])
 DEPTHS = 4  # depth buckets 1, 2, 3, 4+
+EXTEND_MIN = 0.3  # a draft LM drafts on after another source's branch only while that branch is this likely
 
 
 def prob_prior() -> torch.Tensor:
@@ -60,28 +64,34 @@ class ExpandingSource:
             return self.calibration.logp(c).to(raw.device)
 
         others = torch.cat([p.cands.score.float().cpu() for p in rc.earlier]) if rc.earlier else torch.zeros(0)
-        spent = [self.cost]  # the root distribution costs about one level
-
-        def deeper(scores: torch.Tensor, frontier: torch.Tensor) -> bool:
-            """One more level adds at most frontier mass x the next depth's acceptance rate, for ``cost``."""
-            allsc = torch.cat([scores.cpu(), others.cpu()])
-            n = min(int(allsc.numel()), self.max_total - 1)
-            best = torch.sort(allsc, descending=True).values[:n]
-            e_now = 1.0 + float(best.exp().sum())
-            t_now = spent[0] + self._verify_cost(n + 1)
-            d = int(len(cells)) + 1
-            rate_next = self.level_rate(d)
-            gain = float(scores[frontier].exp().sum()) * rate_next
-            if (e_now + gain) / (t_now + self.cost) <= e_now / t_now:
-                return False
-            spent[0] += self.cost
-            return True
-
+        deeper = self._pruner(others, cells)
         from drafttree.tree import expand_candidates
 
         prune = self.cost_curve is not None  # a fixed tree size (no cost curve) drafts every level
         cands = expand_candidates(stepper, depth, self.top_k, calibrate=calibrate, deeper=deeper if prune else None)
         return Proposal(index, cands, torch.cat(cells).to(torch.long))
+
+    def _pruner(self, others: torch.Tensor, cells: list, offset: float = 0.0, depth_offset: int = 0):
+        """``deeper`` for :func:`expand_candidates`: one more level adds at most the frontier's mass x the next
+        depth's acceptance rate, for ``cost``; it pays when tokens per unit of (draft + verify) time grow.
+        ``offset`` is the log-probability of the branch the expansion starts below (0: the root)."""
+        spent = [self.cost]  # the root distribution costs about one level
+
+        def deeper(scores: torch.Tensor, frontier: torch.Tensor) -> bool:
+            scores = scores.cpu() + offset
+            allsc = torch.cat([scores, others.cpu()])
+            n = min(int(allsc.numel()), self.max_total - 1)
+            best = torch.sort(allsc, descending=True).values[:n]
+            e_now = 1.0 + float(best.exp().sum())
+            t_now = spent[0] + self._verify_cost(n + 1)
+            rate_next = self.level_rate(len(cells) + 1 + depth_offset)
+            gain = float(scores[frontier.cpu()].exp().sum()) * rate_next
+            if (e_now + gain) / (t_now + self.cost) <= e_now / t_now:
+                return False
+            spent[0] += self.cost
+            return True
+
+        return deeper
 
     def level_rate(self, depth: int) -> float:
         """Observed acceptance of this source's nodes at ``depth`` (all bins), prior-smoothed."""
@@ -132,12 +142,66 @@ class DraftLMSource(ExpandingSource):
 
     name = "draft"
 
-    def __init__(self, draft_model: torch.nn.Module, vocab_size: int, target_params: int, **kw):
+    def __init__(self, draft_model: torch.nn.Module, vocab_size: int, target_params: int, extend: bool = False,
+                 **kw):
         super().__init__(**kw)
         from drafttree.drafters.draft_model import DraftLMState, param_count
 
         self.lm = DraftLMState(draft_model, vocab_size)
         self.cost = param_count(draft_model) / max(1, target_params)
+        self.extend = extend
+        self.extended = 0  # rounds that drafted on after another source's branch (diagnostics, tests)
+
+    def propose(self, rc: RoundContext, index: int) -> Proposal | None:
+        base = super().propose(rc, index)
+        if not self.extend or base is None:
+            return base
+        chain = likeliest_branch(rc.earlier, EXTEND_MIN)
+        depth = min(self.depth, rc.max_depth) - len(chain)
+        if not chain or depth <= 0:
+            return base
+        return self._extend(base, chain, depth)
+
+    def _extend(self, base: Proposal, chain: list[tuple[int, float, float]], depth: int) -> Proposal:
+        """Draft ``depth`` more levels after ``chain`` (token, cond_logp, score per node, from the root): one
+        draft forward reads the chain, then an EAGLE-2 expansion continues from its end. The chain's nodes come
+        back with cell -1 (another source's guess: they teach this source's calibration nothing)."""
+        from drafttree.tree import expand_candidates
+
+        lm = self.lm.lm
+        n = len(chain)
+        self.extended += 1
+        lm.discard_pending()
+        toks = torch.tensor([t for t, _, _ in chain], dtype=torch.long)
+        out = lm.forward_nodes(self.lm._ids(toks.tolist()), torch.arange(lm.length, lm.length + n),
+                               torch.tril(torch.ones(n, n, dtype=torch.bool)))
+        root_lp = torch.log_softmax(out.logits[-1, : self.lm.vocab], dim=-1)
+        stepper = _PrefixedStepper(lm, root_lp, self.lm.vocab, n)
+        cells: list[torch.Tensor] = []
+
+        def calibrate(raw: torch.Tensor, d: int) -> torch.Tensor:
+            c = prob_cells(raw, d + n)
+            cells.append(c)
+            return self.calibration.logp(c).to(raw.device)
+
+        others = torch.cat([base.cands.score.float().cpu()])
+        deeper = self._pruner(others, cells, chain[-1][2], n) if self.cost_curve is not None else None
+        cont = expand_candidates(stepper, depth, self.top_k, calibrate=calibrate, deeper=deeper)
+        b, m = base.cands, int(base.cands.tokens.numel())
+        dev = b.tokens.device
+        chain_par = torch.arange(m - 1, m + n - 1, dtype=torch.long)
+        chain_par[0] = -1
+        cont_par = torch.where(cont.parents < 0, torch.full_like(cont.parents, m + n - 1), cont.parents + m + n)
+        cond = torch.tensor([c for _, c, _ in chain], dtype=torch.float32)
+        score = torch.tensor([s for _, _, s in chain], dtype=torch.float32)
+        cands = Candidates(
+            torch.cat([b.tokens, toks.to(dev), cont.tokens]), torch.cat([b.parents, chain_par.to(dev), cont_par]),
+            torch.cat([b.cond_logp.float(), cond.to(dev), cont.cond_logp.float()]),
+            torch.cat([b.score.float(), score.to(dev), cont.score.float() + float(score[-1])]),
+            torch.cat([b.raw_logp.float(), torch.zeros(n, device=dev), cont.raw_logp.float()]),
+            b.levels + 1 + cont.levels)
+        cells_all = torch.cat([base.cells, torch.full((n,), -1, dtype=torch.long), torch.cat(cells).to(torch.long)])
+        return Proposal(base.source, cands, cells_all)
 
     def begin(self, prompt: torch.Tensor, prefill_features: torch.Tensor, root: int) -> None:
         self.lm.reset()
@@ -147,3 +211,45 @@ class DraftLMSource(ExpandingSource):
 
     def _stepper(self, rc: RoundContext):
         return self.lm.stepper(rc.context)
+
+
+def likeliest_branch(earlier: list[Proposal], min_p: float) -> list[tuple[int, float, float]]:
+    """The deepest node of the earlier proposals whose estimated probability of acceptance is >= ``min_p``
+    (ties: the likeliest), as (token, cond_logp, score) per node from the root; [] when none is."""
+    best, best_key = None, None
+    for prop in earlier:
+        c = prop.cands
+        par = c.parents.tolist()
+        depth = [0] * len(par)
+        for i, q in enumerate(par):  # parents come before children
+            depth[i] = 1 if q < 0 else depth[q] + 1
+        for i, s in enumerate(c.score.tolist()):
+            if s >= math.log(min_p) and (best_key is None or (depth[i], s) > best_key):
+                best, best_key = (prop, i), (depth[i], s)
+    if best is None:
+        return []
+    prop, i = best
+    c, out = prop.cands, []
+    while i >= 0:
+        out.append((int(c.tokens[i]), float(c.cond_logp[i]), float(c.score[i])))
+        i = int(c.parents[i])
+    return out[::-1]
+
+
+class _PrefixedStepper:
+    """Expands below ``prefix`` pending draft slots (a chain every new node sees), one position deeper each."""
+
+    vocab_ids = None
+
+    def __init__(self, lm, root_lp: torch.Tensor, vocab: int, prefix: int):
+        self.lm, self._root_lp, self.vocab, self.prefix = lm, root_lp, vocab, prefix
+
+    def root_logprobs(self) -> torch.Tensor:
+        return self._root_lp
+
+    def expand(self, tokens, parent_slots, attend, depth):
+        m = tokens.shape[0]
+        positions = torch.full((m,), self.lm.length - 1 + self.prefix + depth, dtype=torch.long)
+        seen = torch.cat([torch.ones(m, self.prefix, dtype=torch.bool, device=attend.device), attend], dim=1)
+        out = self.lm.forward_nodes(tokens, positions, seen)
+        return torch.log_softmax(out.logits[:, : self.vocab], dim=-1)
