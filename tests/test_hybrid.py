@@ -16,7 +16,7 @@ import torch
 
 from drafttree.accept import Sampling
 from drafttree.drafters.hybrid import Gate, HybridDrafter, MergedTree
-from drafttree.sources.base import Calibration, Proposal
+from drafttree.sources.base import Calibration, Proposal, RoundContext
 from drafttree.sources.ngram import SuffixIndex
 from drafttree.tree import Candidates
 from tests.conftest import chi2_pvalue, tiny_causal_lm
@@ -102,6 +102,66 @@ def test_calibration_learns_and_gate_closes_for_a_useless_source():
     assert runs < 30, "a source that never adds accepted tokens must be probed rarely"
     gate.record(0, gain=3.0, cost=0.3, base_tokens=2.0)
     assert gate.allow(0)
+
+
+def test_one_unlucky_round_does_not_close_a_gate_but_repeated_failures_do():
+    gate = Gate(probe=8)
+    gate.record(0, gain=0.0, cost=1.0, base_tokens=1.0)  # a good source's first round happened to miss
+    assert gate.allow(0)
+    gate.record(0, gain=0.0, cost=1.0, base_tokens=1.0)
+    gate.record(0, gain=0.0, cost=1.0, base_tokens=1.0)
+    assert not gate.allow(0)
+    assert Gate(optimism=0.5).allow(0)  # nothing recorded yet: always open
+
+
+def test_a_gate_weighs_cost_against_the_tokens_of_its_own_situation():
+    """Where the cheaper sources give 6 tokens a round, 2 marginal tokens for 1 forward of drafting do not
+    pay; where they give nothing (the root alone), the same source pays and must stay open."""
+    gate = Gate(probe=100)
+    for _ in range(20):
+        gate.record(2, gain=2.0, cost=1.0, base_tokens=6.0)
+        gate.record(0, gain=2.0, cost=1.0, base_tokens=1.0)
+    assert gate.allow(0) and not gate.allow(2)
+
+
+class PeakedStepper:
+    """Fake drafter whose top guess holds ``top`` of the probability, children by the token only."""
+
+    vocab_ids = None
+
+    def __init__(self, top: float, vocab: int = 20):
+        rest = (1 - top) / (vocab - 1)
+        row = torch.full((vocab,), rest)
+        row[0] = top
+        self.table = torch.stack([row.roll(i) for i in range(vocab)]).log()
+        self.widths: list[int] = []
+
+    def root_logprobs(self):
+        return self.table[3]
+
+    def expand(self, tokens, parent_slots, attend, depth):
+        self.widths.append(int(tokens.numel()))
+        return self.table[tokens]
+
+
+@pytest.mark.parametrize("top, cost, chain", [(0.95, 0.3, True), (0.95, 0.001, False), (0.4, 0.02, False)])
+def test_a_costly_source_drafts_a_chain_where_its_top_guess_carries_the_mass(top, cost, chain):
+    """Each level is drafted at the width that pays on the cost curve: width 1 for a costly, confident
+    drafter, wider for a cheap one or an unsure one (whose second guesses are worth drafting below)."""
+    from drafttree.sources.model_sources import ExpandingSource
+
+    class Source(ExpandingSource):
+        def _stepper(self, rc):
+            return self.stepper
+
+    curve = lambda n: 1.0 + 0.05 * (n - 1)  # noqa: E731 (8 tokens cost 1.35 single ones, as on a CPU)
+    src = Source(top_k=4, depth=6, max_total=32, cost_curve=curve)
+    src.cost, src.stepper = cost, PeakedStepper(top)
+    prop = src.propose(RoundContext([1, 3], 3, 6, Sampling(), []), 0)
+    widths = src.stepper.widths
+    assert widths, "a likely next level must be drafted"
+    assert (max(widths) == 1) == chain, widths
+    assert prop.spent == pytest.approx(cost + sum(cost * curve(w) for w in widths))
 
 
 class ConstantSource:

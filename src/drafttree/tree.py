@@ -145,7 +145,8 @@ def expand_candidates(stepper: TreeStepper, depth: int, top_k: int, calibrate=No
     best frontier nodes (by score) and scores all ``top_k**2`` of their children.
 
     ``calibrate(raw_logp, depth) -> cond_logp`` maps the drafter's log-probs to acceptance estimates
-    (identity by default, as in EAGLE-2); ``deeper(candidates, frontier) -> bool`` may stop expanding early.
+    (identity by default, as in EAGLE-2); ``deeper(scores, frontier)`` may stop expanding early (False) or
+    narrow the level: an int w expands only the w best frontier nodes (the frontier is sorted best first).
     """
     root_lp = stepper.root_logprobs()
     dev = root_lp.device
@@ -154,7 +155,7 @@ def expand_candidates(stepper: TreeStepper, depth: int, top_k: int, calibrate=No
     raw = lp.clamp(max=0.0).float()
     cond = raw if calibrate is None else calibrate(raw, 1)
     cand_parents = [torch.full((k,), -1, dtype=torch.long, device=dev)]
-    frontier = torch.arange(k, device=dev)  # candidate indices of the nodes to expand next
+    frontier = torch.argsort(cond, descending=True, stable=True)  # candidate indices to expand next, best first
     frontier_slot_parent = torch.full((k,), -1, dtype=torch.long, device=dev)  # parent's expansion slot
     expanded_anc = torch.zeros(0, 0, dtype=torch.bool, device=dev)  # ancestry among expanded slots
     n_cand = k
@@ -162,8 +163,12 @@ def expand_candidates(stepper: TreeStepper, depth: int, top_k: int, calibrate=No
     all_raw, all_cond, all_scores = [raw], [cond], cond
     levels = 0
     for d in range(1, depth):
-        if deeper is not None and not deeper(all_scores, frontier):
-            break
+        if deeper is not None:
+            go = deeper(all_scores, frontier)
+            if not go:
+                break
+            if go is not True:
+                frontier, frontier_slot_parent = frontier[: int(go)], frontier_slot_parent[: int(go)]
         m = frontier.numel()
         e = expanded_anc.shape[0]
         # new slots e..e+m-1 see their parent's ancestry plus themselves

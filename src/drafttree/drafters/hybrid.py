@@ -24,26 +24,31 @@ class Gate:
     """Runs a costly source only while its marginal accepted tokens pay for it, probing now and then.
 
     State per *situation* (what the cheaper sources proposed this round: nothing / a weak / a strong
-    branch): an average of the source's marginal accepted tokens and of its cost. The source pays when
-    gain > cost x (tokens per target forward without it). A closed gate re-opens for one probe round
-    after ``probe`` rounds, the wait doubling after each failed probe (up to ``max_probe``).
+    branch): averages of the source's marginal accepted tokens, of its cost and of the tokens a round gives
+    without it (the root plus the others' accepted drafts). The source pays when gain > cost x those tokens:
+    its drafting time could have run that many target forwards. A new situation starts at ``optimism``
+    times what would just pay, so it takes repeated failures to close. A closed gate re-opens for one probe
+    round after ``probe`` rounds, the wait doubling after each failed probe (up to ``max_probe``).
     """
 
-    def __init__(self, probe: int = 8, max_probe: int = 64, decay: float = 0.7, enabled: bool = True):
+    def __init__(self, probe: int = 8, max_probe: int = 64, decay: float = 0.7, enabled: bool = True,
+                 optimism: float = 2.0):
         self.probe0, self.max_probe, self.decay, self.enabled = probe, max_probe, decay, enabled
+        self.optimism = optimism  # a situation's first gain estimate, in multiples of what would just pay
         self.reset()
 
     def reset(self) -> None:
         self.gain: dict[int, float] = {}
         self.cost: dict[int, float] = {}
+        self.base: dict[int, float] = {}  # tokens per round without this source, per situation
         self.wait: dict[int, int] = {}
         self.since: dict[int, int] = {}
-        self.rate = 1.0  # tokens per round from the other sources (EMA)
+
+    def pays(self, situation: int) -> bool:
+        return self.gain[situation] > self.cost[situation] * self.base[situation]
 
     def allow(self, situation: int) -> bool:
-        if not self.enabled or situation not in self.gain:
-            return True
-        if self.gain[situation] > self.cost[situation] * self.rate:
+        if not self.enabled or situation not in self.gain or self.pays(situation):
             return True
         self.since[situation] = self.since.get(situation, 0) + 1
         if self.since[situation] >= self.wait.get(situation, self.probe0):
@@ -52,15 +57,17 @@ class Gate:
         return False
 
     def record(self, situation: int, gain: float, cost: float, base_tokens: float) -> None:
-        d = self.decay
-        paid_before = situation not in self.gain or self.gain[situation] > self.cost[situation] * self.rate
-        self.gain[situation] = gain if situation not in self.gain else d * self.gain[situation] + (1 - d) * gain
-        self.cost[situation] = cost if situation not in self.cost else d * self.cost[situation] + (1 - d) * cost
-        self.rate = d * self.rate + (1 - d) * base_tokens
-        if self.gain[situation] > self.cost[situation] * self.rate:
-            self.wait[situation] = self.probe0
+        d, s = self.decay, situation
+        paid_before = s not in self.gain or self.pays(s)
+        if s not in self.gain:  # presumed useful: one unlucky first round must not close the gate
+            self.gain[s], self.cost[s], self.base[s] = self.optimism * cost * base_tokens, cost, base_tokens
+        self.gain[s] = d * self.gain[s] + (1 - d) * gain
+        self.cost[s] = d * self.cost[s] + (1 - d) * cost
+        self.base[s] = d * self.base[s] + (1 - d) * base_tokens
+        if self.pays(s):
+            self.wait[s] = self.probe0
         elif not paid_before:  # a failed probe: wait longer next time
-            self.wait[situation] = min(self.max_probe, 2 * self.wait.get(situation, self.probe0))
+            self.wait[s] = min(self.max_probe, 2 * self.wait.get(s, self.probe0))
 
 
 def situation(earlier: list[Proposal]) -> int:
@@ -179,9 +186,12 @@ class HybridDrafter(Drafter):
                 continue
             prop = src.propose(rc, i)
             if src.cost > 0:
-                levels = 1 + (prop.cands.levels if prop is not None else 0)
-                spent += levels * src.cost
-                ran.append((i, sit, levels * src.cost * scale))
+                if prop is not None and prop.spent is not None:
+                    cost = prop.spent
+                else:
+                    cost = (1 + (prop.cands.levels if prop is not None else 0)) * src.cost
+                spent += cost
+                ran.append((i, sit, cost * scale))
             if prop is None:
                 continue
             rc.earlier.append(prop)

@@ -59,6 +59,7 @@ class Proposal:
     source: int  # index of the source in the drafter
     cands: Candidates
     cells: torch.Tensor  # [m] long
+    spent: float | None = None  # drafting cost in target forwards, when the source knows it (else levels x cost)
 
     @property
     def expected(self) -> float:

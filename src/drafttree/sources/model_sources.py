@@ -48,6 +48,11 @@ class ExpandingSource:
     def _verify_cost(self, n: int) -> float:
         return 1.0 if self.cost_curve is None else self.cost_curve(n)
 
+    def level_cost(self, width: int) -> float:
+        """One drafting call over ``width`` nodes, in target forwards: ``cost`` scaled by the target's own
+        cost of ``width`` tokens (same machine, same kind of network; on a CPU 8 tokens cost ~1.3 single ones)."""
+        return self.cost * self._verify_cost(max(1, width))
+
     def _stepper(self, rc: RoundContext):
         raise NotImplementedError
 
@@ -69,15 +74,17 @@ class ExpandingSource:
 
         prune = self.cost_curve is not None  # a fixed tree size (no cost curve) drafts every level
         cands = expand_candidates(stepper, depth, self.top_k, calibrate=calibrate, deeper=deeper if prune else None)
-        return Proposal(index, cands, torch.cat(cells).to(torch.long))
+        return Proposal(index, cands, torch.cat(cells).to(torch.long), spent=deeper.spent[0] if prune else None)
 
     def _pruner(self, others: torch.Tensor, cells: list, offset: float = 0.0, depth_offset: int = 0):
-        """``deeper`` for :func:`expand_candidates`: one more level adds at most the frontier's mass x the next
-        depth's acceptance rate, for ``cost``; it pays when tokens per unit of (draft + verify) time grow.
+        """``deeper`` for :func:`expand_candidates`: expanding the ``w`` best frontier nodes adds at most their
+        mass x the next depth's acceptance rate, for ``level_cost(w)``; the level is drafted at the width that
+        raises tokens per unit of (draft + verify) time the most, and not at all when no width raises it.
+        A costly drafter thus drafts a chain where its top guess carries the mass, a tree where it does not.
         ``offset`` is the log-probability of the branch the expansion starts below (0: the root)."""
-        spent = [self.cost]  # the root distribution costs about one level
+        spent = [self.cost]  # the root distribution costs about one call
 
-        def deeper(scores: torch.Tensor, frontier: torch.Tensor) -> bool:
+        def deeper(scores: torch.Tensor, frontier: torch.Tensor) -> bool | int:
             scores = scores.cpu() + offset
             allsc = torch.cat([scores, others.cpu()])
             n = min(int(allsc.numel()), self.max_total - 1)
@@ -85,12 +92,18 @@ class ExpandingSource:
             e_now = 1.0 + float(best.exp().sum())
             t_now = spent[0] + self._verify_cost(n + 1)
             rate_next = self.level_rate(len(cells) + 1 + depth_offset)
-            gain = float(scores[frontier.cpu()].exp().sum()) * rate_next
-            if (e_now + gain) / (t_now + self.cost) <= e_now / t_now:
+            gains = (scores[frontier.cpu()].exp().cumsum(0) * rate_next).tolist()
+            width, ratio = 0, e_now / t_now
+            for w, gain in enumerate(gains, start=1):
+                r = (e_now + gain) / (t_now + self.level_cost(w))
+                if r > ratio:
+                    width, ratio = w, r
+            if width == 0:
                 return False
-            spent[0] += self.cost
-            return True
+            spent[0] += self.level_cost(width)
+            return width
 
+        deeper.spent = spent
         return deeper
 
     def level_rate(self, depth: int) -> float:
@@ -201,7 +214,9 @@ class DraftLMSource(ExpandingSource):
             torch.cat([b.raw_logp.float(), torch.zeros(n, device=dev), cont.raw_logp.float()]),
             b.levels + 1 + cont.levels)
         cells_all = torch.cat([base.cells, torch.full((n,), -1, dtype=torch.long), torch.cat(cells).to(torch.long)])
-        return Proposal(base.source, cands, cells_all)
+        below = deeper.spent[0] - self.cost if deeper is not None else cont.levels * self.cost
+        spent = (base.spent if base.spent is not None else (1 + b.levels) * self.cost) + self.level_cost(n) + below
+        return Proposal(base.source, cands, cells_all, spent=spent)
 
     def begin(self, prompt: torch.Tensor, prefill_features: torch.Tensor, root: int) -> None:
         self.lm.reset()
