@@ -18,7 +18,7 @@ for r in $RUNS; do
     t1) drafttree bench --setting S --temperature 1 --prompts "$PROMPTS_T1" --max-new-tokens 256 --threads 2 --warmup 1 \
           --methods hf-ar,ar,auto --out "$OUT/issue10-S-t1" ;;
     l) drafttree bench --setting L --temperature 0 --prompts "$PROMPTS_L" --max-new-tokens 256 --threads 2 --warmup 1 \
-          --methods hf-ar,ar,hf-assisted,lookup,draft,auto,auto:extend=true --out "$OUT/issue10-L" ;;
+          --methods hf-ar,ar,hf-assisted,lookup,draft,auto --out "$OUT/issue10-L" ;;
     *) echo "RUNS takes t0, t1 and/or l" >&2; exit 2 ;;
   esac
 done
