@@ -19,26 +19,49 @@ class GrowingLayer(DynamicLayer):
         self._k: torch.Tensor | None = None
         self._v: torch.Tensor | None = None
         self._len = 0
+        self.row_offsets: torch.Tensor | None = None  # set by a batch: where each row's new states go
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
         if not self.is_initialized:
             self.lazy_initialization(key_states, value_states)
+        if self.row_offsets is not None:
+            return self._update_rows(key_states, value_states)
         n = key_states.shape[-2]
         need = self._len + n
-        if self._k is None or need > self._k.shape[-2] or self._k.shape[0] != key_states.shape[0]:
-            cap = max(need + 64, 2 * (self._k.shape[-2] if self._k is not None else 128))
-            k = key_states.new_empty(*key_states.shape[:-2], cap, key_states.shape[-1])
-            v = value_states.new_empty(*value_states.shape[:-2], cap, value_states.shape[-1])
-            if self._k is not None and self._len:
-                k[..., : self._len, :] = self._k[..., : self._len, :]
-                v[..., : self._len, :] = self._v[..., : self._len, :]
-            self._k, self._v = k, v
+        self._reserve(key_states, value_states, need)
         self._k[..., self._len:need, :] = key_states
         self._v[..., self._len:need, :] = value_states
         self._len = need
         self.keys = self._k[..., :need, :]
         self.values = self._v[..., :need, :]
         return self.keys, self.values
+
+    def _update_rows(self, key_states: torch.Tensor, value_states: torch.Tensor):
+        """Row r's n new states go to slots ``[row_offsets[r], row_offsets[r] + n)``, right after its own prefix,
+        so each row's keys are one contiguous prefix of its slots (a batch attends row runs over their own)."""
+        rows, n = key_states.shape[0], key_states.shape[-2]
+        offsets = self.row_offsets.to(key_states.device)
+        need = max(self._len, int(offsets.max()) + n)
+        self._reserve(key_states, value_states, need)
+        slots = offsets[:, None] + torch.arange(n, device=offsets.device)[None, :]
+        index = torch.arange(rows, device=offsets.device)[:, None].expand(rows, n)
+        self._k[index, :, slots] = key_states.transpose(1, 2)  # [rows, n, heads, dim] at (row, slot)
+        self._v[index, :, slots] = value_states.transpose(1, 2)
+        self._len = need
+        self.keys = self._k[..., :need, :]
+        self.values = self._v[..., :need, :]
+        return self.keys, self.values
+
+    def _reserve(self, key_states: torch.Tensor, value_states: torch.Tensor, need: int) -> None:
+        if self._k is None or need > self._k.shape[-2] or self._k.shape[0] != key_states.shape[0]:
+            cap = max(need + 64, 2 * (self._k.shape[-2] if self._k is not None else 128))
+            # zeros: a batch's masked slots may be read (scores of garbage could be NaN, even when masked)
+            k = key_states.new_zeros(*key_states.shape[:-2], cap, key_states.shape[-1])
+            v = value_states.new_zeros(*value_states.shape[:-2], cap, value_states.shape[-1])
+            if self._k is not None and self._len:
+                k[..., : self._len, :] = self._k[..., : self._len, :]
+                v[..., : self._len, :] = self._v[..., : self._len, :]
+            self._k, self._v = k, v
 
     def get_seq_length(self) -> int:
         return self._len
@@ -107,6 +130,11 @@ class GrowingCache(DynamicCache):
     def select_rows(self, rows: torch.Tensor) -> None:
         for layer in self.layers:
             layer.select_rows(rows)
+
+    def set_row_offsets(self, offsets: torch.Tensor | None) -> None:
+        """Where each row's states of the next forward go (None: appended after the longest row)."""
+        for layer in self.layers:
+            layer.row_offsets = offsets
 
     def add_row(self, other: GrowingCache) -> None:
         """Append the single sequence cached in ``other`` as a new batch row (see :meth:`GrowingLayer.add_row`)."""

@@ -2,10 +2,12 @@
 
 Rows live side by side in one KV cache ``[rows, heads, slots, dim]``. Row r's committed tokens are always the
 prefix ``[0, lens[r])`` of its slots; everything after it is masked out (stale tree slots or zero padding). A
-round appends every row's tree at the same slots ``[L, L + n)`` (L = the longest row, n = the largest tree,
+round writes row r's tree right after its own prefix, slots ``[lens[r], lens[r] + n)`` (n = the largest tree,
 smaller trees padded), with per-row 4-D masks (past prefix + ancestors) and per-row positions
-(``lens[r] + depth``). Committing moves each row's accepted path to the end of its own prefix, so rows of
-different lengths and different accepted lengths share one cache without copies of the past. A newcomer is
+(``lens[r] + depth``), so each row's keys are one contiguous prefix of its slots and runs of rows of similar
+length attend over their own prefix only (``attention.row_segments``), not over the longest row's. Committing
+moves each row's accepted path to the end of its own prefix (nothing moves when it is a chain from the root),
+so rows of different lengths and accepted lengths share one cache without copies of the past. A newcomer is
 prefilled alone (its own forward) and joins as a new row between rounds.
 """
 
@@ -13,6 +15,7 @@ from __future__ import annotations
 
 import torch
 
+from drafttree.attention import row_segments
 from drafttree.cache import GrowingCache
 from drafttree.errors import DraftTreeError
 from drafttree.target import ForwardOutput, TargetModel, run_with_features
@@ -28,6 +31,7 @@ class BatchTarget:
         self.feature_layers = self.single.feature_layers
         self.cache: GrowingCache | None = None
         self.lens: list[int] = []
+        self.segment_overhead = 512  # what one more attention call costs, in slot-reads (see _segments)
 
     # ---- what the decode loop reads -----------------------------------------------------------------
     @property
@@ -74,22 +78,28 @@ class BatchTarget:
             layer.truncate(max(self.lens))
 
     # ---- one round ----------------------------------------------------------------------------------
-    def _mask_and_positions(self, trees: list[DraftTree], n: int, past: int):
+    def _mask_and_positions(self, trees: list[DraftTree], n: int):
         rows, dev, dtype = self.rows, self.device, self.single.dtype
         lens = torch.tensor(self.lens, dtype=torch.long, device=dev)
+        slots = int(lens.max()) + n
         depth = torch.zeros(rows, n, dtype=torch.long, device=dev)
-        allowed = torch.zeros(rows, n, past + n, dtype=torch.bool, device=dev)
-        allowed[:, :, :past] = torch.arange(past, device=dev)[None, None, :] < lens[:, None, None]
+        tree_part = torch.zeros(rows, n, n, dtype=torch.bool, device=dev)
         eye = torch.eye(n, dtype=torch.bool, device=dev)
         for r, t in enumerate(trees):
             m = t.size
             depth[r, :m] = t.depths.to(dev)
-            allowed[r, :m, past:past + m] = t.ancestors.to(dev)
-            allowed[r, m:, past:] = eye[m:]  # padding attends to itself only (its output is never read)
+            tree_part[r, :m, :m] = t.ancestors.to(dev)
+            tree_part[r, m:] = eye[m:]  # padding attends to itself only (its output is never read)
+        key = torch.arange(slots, device=dev)
+        allowed = (key[None, None, :] < lens[:, None, None]).expand(rows, n, slots).clone()
+        tree_slots = lens[:, None] + torch.arange(n, device=dev)[None, :]  # [rows, n]
+        row = torch.arange(rows, device=dev)[:, None].expand(rows, n)
+        allowed.transpose(1, 2)[row, tree_slots] = tree_part.transpose(1, 2)  # key slot lens[r] + j: node j
         positions = lens[:, None] + depth
         masks = {"full_attention": allowed}
         if self.single.has_sliding:
-            key_pos = torch.cat([torch.arange(past, device=dev).expand(rows, past), positions], dim=1)
+            key_pos = key.expand(rows, slots).clone()
+            key_pos[row, tree_slots] = positions
             near = (positions[:, :, None] - key_pos[:, None, :]) < self.single.sliding_window
             masks["sliding_attention"] = allowed & near
         additive = {}
@@ -98,35 +108,58 @@ class BatchTarget:
             additive[kind] = m.masked_fill_(~ok, torch.finfo(dtype).min)[:, None]
         return (additive if self.single.has_sliding else additive["full_attention"]), positions
 
+    def _segments(self, n: int) -> list[tuple[int, int, int]]:
+        """Runs of consecutive rows attended together, ``(first, end, key slots)``: the split that minimises
+        the slots read (rows x the run's longest row) plus ``segment_overhead`` per extra attention call."""
+        lens, rows, overhead = self.lens, self.rows, self.segment_overhead
+        best = [0.0] + [float("inf")] * rows
+        cut = [0] * (rows + 1)
+        for b in range(1, rows + 1):
+            longest = 0
+            for a in range(b - 1, -1, -1):
+                longest = max(longest, lens[a])
+                cost = best[a] + (b - a) * (longest + n) + overhead
+                if cost < best[b]:
+                    best[b], cut[b] = cost, a
+        out, b = [], rows
+        while b > 0:
+            a = cut[b]
+            out.append((a, b, max(lens[a:b]) + n))
+            b = a
+        return out[::-1]
+
     @torch.inference_mode()
     def forward_trees(self, trees: list[DraftTree]) -> list[ForwardOutput]:
         """Verify one tree per row (row order) in a single forward; logits only for real nodes."""
         if len(trees) != self.rows or not trees:
             raise RuntimeError(f"{len(trees)} trees for {self.rows} rows")
-        past = self._slots()
         n = max(t.size for t in trees)
         tokens = torch.zeros(self.rows, n, dtype=torch.long, device=self.device)
         for r, t in enumerate(trees):
             tokens[r, : t.size] = t.tokens.to(self.device)
-        mask, positions = self._mask_and_positions(trees, n, past)
-        out, aux = run_with_features(self.model, self.feature_layers, input_ids=tokens, attention_mask=mask,
-                                     position_ids=positions, past_key_values=self.cache, use_cache=True)
+        mask, positions = self._mask_and_positions(trees, n)
+        self.cache.set_row_offsets(torch.tensor(self.lens, dtype=torch.long, device=self.device))
+        try:
+            with row_segments(self._segments(n)):
+                out, aux = run_with_features(self.model, self.feature_layers, input_ids=tokens, attention_mask=mask,
+                                             position_ids=positions, past_key_values=self.cache, use_cache=True)
+        finally:
+            self.cache.set_row_offsets(None)
         hidden = out.last_hidden_state
         feats = hidden if aux is None else aux
         sizes = [t.size for t in trees]
         real = torch.cat([hidden[r, :m] for r, m in enumerate(sizes)])
         logits = self.single.logits(real).split(sizes)
-        self._tree_at = past
         return [ForwardOutput(logits=lg, features=feats[r, :m]) for r, (lg, m) in enumerate(zip(logits, sizes))]
 
     @torch.inference_mode()
     def commit(self, paths: list[list[int]]) -> None:
-        """Row r keeps its tree nodes ``paths[r]`` (root first) after its prefix; all tree slots are dropped."""
+        """Row r keeps its tree nodes ``paths[r]`` (root first) after its prefix; all other tree slots are dropped."""
         rows, src, dst = [], [], []
         for r, path in enumerate(paths):
-            if path != list(range(len(path))) or self.lens[r] != self._tree_at:
+            if path != list(range(len(path))):  # a chain from the root already sits where it belongs
                 rows += [r] * len(path)
-                src += [self._tree_at + p for p in path]
+                src += [self.lens[r] + p for p in path]
                 dst += range(self.lens[r], self.lens[r] + len(path))
             self.lens[r] += len(path)
         if rows:
