@@ -20,6 +20,7 @@ class GrowingLayer(DynamicLayer):
         self._v: torch.Tensor | None = None
         self._len = 0
         self.row_offsets: torch.Tensor | None = None  # set by a batch: where each row's new states go
+        self.row_end = 0  # ... and the slot after the last of them (a host int: no device sync per layer)
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
         if not self.is_initialized:
@@ -41,7 +42,7 @@ class GrowingLayer(DynamicLayer):
         so each row's keys are one contiguous prefix of its slots (a batch attends row runs over their own)."""
         rows, n = key_states.shape[0], key_states.shape[-2]
         offsets = self.row_offsets.to(key_states.device)
-        need = max(self._len, int(offsets.max()) + n)
+        need = max(self._len, self.row_end)
         self._reserve(key_states, value_states, need)
         slots = offsets[:, None] + torch.arange(n, device=offsets.device)[None, :]
         index = torch.arange(rows, device=offsets.device)[:, None].expand(rows, n)
@@ -131,10 +132,11 @@ class GrowingCache(DynamicCache):
         for layer in self.layers:
             layer.select_rows(rows)
 
-    def set_row_offsets(self, offsets: torch.Tensor | None) -> None:
-        """Where each row's states of the next forward go (None: appended after the longest row)."""
+    def set_row_offsets(self, offsets: torch.Tensor | None, end: int = 0) -> None:
+        """Where each row's states of the next forward go (None: appended after the longest row), and ``end``,
+        the slot after the last of them."""
         for layer in self.layers:
-            layer.row_offsets = offsets
+            layer.row_offsets, layer.row_end = offsets, end
 
     def add_row(self, other: GrowingCache) -> None:
         """Append the single sequence cached in ``other`` as a new batch row (see :meth:`GrowingLayer.add_row`)."""

@@ -138,7 +138,7 @@ class BatchTarget:
         for r, t in enumerate(trees):
             tokens[r, : t.size] = t.tokens.to(self.device)
         mask, positions = self._mask_and_positions(trees, n)
-        self.cache.set_row_offsets(torch.tensor(self.lens, dtype=torch.long, device=self.device))
+        self.cache.set_row_offsets(torch.tensor(self.lens, dtype=torch.long, device=self.device), max(self.lens) + n)
         try:
             with row_segments(self._segments(n)):
                 out, aux = run_with_features(self.model, self.feature_layers, input_ids=tokens, attention_mask=mask,
