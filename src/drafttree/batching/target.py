@@ -81,7 +81,7 @@ class BatchTarget:
     def _mask_and_positions(self, trees: list[DraftTree], n: int):
         rows, dev, dtype = self.rows, self.device, self.single.dtype
         lens = torch.tensor(self.lens, dtype=torch.long, device=dev)
-        slots = int(lens.max()) + n
+        slots = max(self.lens) + n  # from the host list: no device sync
         depth = torch.zeros(rows, n, dtype=torch.long, device=dev)
         tree_part = torch.zeros(rows, n, n, dtype=torch.bool, device=dev)
         eye = torch.eye(n, dtype=torch.bool, device=dev)
