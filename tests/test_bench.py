@@ -314,3 +314,27 @@ def test_linear_kernel_variants_are_a_benchmark_option():
     assert R.method_parts("eagle2:k=4") == ("eagle2", {"k": 4}, contextlib.nullcontext)
     with pytest.raises(DraftTreeError, match="linears="):
         R.method_parts("ar:linears=fast")
+
+
+def test_concurrency_steady_load_with_repeats(tmp_path, capsys):
+    """``bench concurrency``: U users x R requests served U at a time, methods interleaved, the median run
+    reported with every run's figure; hf-ar (one padded batch) refuses a steady load."""
+    from drafttree.cli import main
+
+    out = tmp_path / "conc"
+    rc = main(["bench", "concurrency", "--users", "1,2", "--methods", "auto,ar", "--max-new-tokens", "4",
+               "--requests-per-user", "2", "--repeats", "2", "--dtype", "float32", "--threads", "2",
+               "--out", str(out)])
+    assert rc == 0
+    data = json.loads((out / "concurrency.json").read_text())
+    rows = {(r["users"], r["method"]): r for r in data["rows"]}
+    assert set(rows) == {(1, "auto"), (1, "ar"), (2, "auto"), (2, "ar")}
+    for (u, _), r in rows.items():
+        assert r["requests"] == 2 * u and len(r["all_aggregate_tps"]) == 2
+        assert 0 < r["tokens"] <= 4 * 2 * u and r["per_user_tps"] == pytest.approx(r["aggregate_tps"] / u)
+        assert min(r["all_aggregate_tps"]) <= round(r["aggregate_tps"], 2) <= max(r["all_aggregate_tps"])
+    assert "steady load (2 requests per user in turn), median of 2 interleaved runs" in \
+        (out / "concurrency.md").read_text()
+    assert main(["bench", "concurrency", "--users", "1", "--methods", "hf-ar", "--requests-per-user", "2",
+                 "--dtype", "float32", "--out", str(tmp_path / "x")]) != 0
+    assert "hf-ar serves one padded batch" in capsys.readouterr().err

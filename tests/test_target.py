@@ -114,10 +114,11 @@ def test_grouped_tree_attention_reads_kv_in_place_and_matches_stock_sdpa(arch):
 
 
 @pytest.mark.parametrize("arch", ARCHS)
-@pytest.mark.parametrize("overhead", [0, 10_000])
+@pytest.mark.parametrize("overhead", [0, 60, 10_000])
 def test_batched_rows_equal_their_sequential_forwards(arch, overhead):
-    """Rows of different lengths verify trees in one forward, each written after its own prefix and attended
-    in runs of rows (overhead 0: every row its own run; 10k: one run): every node's logits equal the
+    """Rows of different lengths verify trees packed in one forward, each written after its own prefix and
+    attended in runs of rows (overhead 0: every row its own run; 60: runs of rows with different tree sizes
+    on a padded grid; 10k: one run): every node's logits equal the
     sequential forward of its row's text, over rounds with chains, branches and root-only rows committed."""
     from drafttree.batching import BatchTarget
 
@@ -125,11 +126,14 @@ def test_batched_rows_equal_their_sequential_forwards(arch, overhead):
     bt = BatchTarget(model)
     bt.segment_overhead = overhead
     g = torch.Generator().manual_seed(1)
-    texts = [torch.randint(2, 50, (n,), generator=g).tolist() for n in (13, 4, 9)]
+    texts = [torch.randint(2, 50, (n,), generator=g).tolist() for n in (13, 4, 9, 11)]
     for ids in texts:
         bt.add(torch.tensor(ids))
     for rnd in range(3):
-        trees = [_random_tree(size, 50, seed=10 * rnd + r) for r, size in enumerate((6, 1, 9))]
+        trees = [_random_tree(size, 50, seed=10 * rnd + r) for r, size in enumerate((6, 1, 9, 5))]
+        runs = bt._runs([t.size for t in trees])
+        assert runs[0].first == 0 and runs[-1].end == 4 and all(a.end == b.first for a, b in zip(runs, runs[1:]))
+        assert (len(runs) == 4) == (overhead == 0) and (len(runs) == 1) == (overhead == 10_000)
         outs = bt.forward_trees(trees)
         paths = []
         for r, (tree, out) in enumerate(zip(trees, outs)):

@@ -9,7 +9,7 @@ from dataclasses import asdict, dataclass, field
 import torch
 
 from drafttree.accept import Sampling
-from drafttree.batching.policy import DraftOrPlain
+from drafttree.batching.policy import AlwaysDraft
 from drafttree.decode import DecodeStats, decode
 from drafttree.detok import TextAssembler
 from drafttree.drafters import Drafter, check_method, make_drafter
@@ -105,7 +105,7 @@ class SpeculativeModel:
         self._runner = TargetModel(target.model, feature_layers=getattr(head, "aux_layers", None))
         self._drafters: dict[tuple, Drafter] = {}
         self._batch_target = None
-        self.batch_policy = DraftOrPlain()  # what batched rounds measured: kept across calls
+        self.batch_policy = AlwaysDraft()  # per-row budgets decide (batching/policy.py says why)
         self._verify_cost = None
         self._batch_results: list[GenerationResult | None] = []
         self.tokenizer = target.tokenizer

@@ -8,15 +8,17 @@ Long queries (a prefill) and anything unusual (softcapping, position biases, no 
 function. Registered under :data:`NAME`; :func:`grouped_attention` switches a model to it for one call only,
 so the same model object keeps transformers' own attention everywhere else (e.g. Hugging Face's generate).
 
-A batch of rows with different lengths (``batching/target.py``) also passes :func:`row_segments`: runs of rows
-whose keys end near the same slot, each attended over its own prefix of the cache (views, no copies) instead of
-every row over the longest row's slots.
+A batch of rows (``batching/target.py``) runs as one packed sequence, every row's tree after the other (the
+linear layers see each row's real nodes, not every row padded to the largest tree), and passes :func:`row_runs`:
+runs of rows of similar length and tree size, each attended over its own prefix of the cache (views, no copies)
+with its queries spread on a small padded grid, instead of every row over the longest row's slots.
 """
 
 from __future__ import annotations
 
 import contextlib
 import threading
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -29,33 +31,60 @@ MAX_FOLDED_QUERY = 128  # longer queries (prefills) use the stock path: a folded
 _local = threading.local()
 
 
+@dataclass
+class RowRun:
+    """Rows ``[first, end)`` of a batch whose trees sit packed at tokens ``[t0, t1)`` of the forward: they attend
+    together over slots ``[0, slots)`` with their queries spread on a ``[rows, width]`` grid (``grid``: where each
+    packed token goes in it; None when every row of the run has ``width`` nodes and the packing is the grid)."""
+
+    first: int
+    end: int
+    slots: int
+    width: int
+    t0: int
+    t1: int
+    grid: torch.Tensor | None = None
+
+
 @contextlib.contextmanager
-def row_segments(segments: list[tuple[int, int, int]]):
-    """Inside the block, batched attention runs per segment ``(first row, end row, key slots)``: rows
-    ``[a, b)`` attend over slots ``[0, L)`` only (their masks allow nothing beyond)."""
-    old = getattr(_local, "segments", None)
-    _local.segments = segments
+def row_runs(runs: list[RowRun]):
+    """Inside the block, a forward of one packed sequence over a cache of ``runs[-1].end`` rows attends run by
+    run: each row over its own slots only (its mask allows nothing beyond), queries padded to its run's width."""
+    old = getattr(_local, "runs", None)
+    _local.runs = runs
     try:
         yield
     finally:
-        _local.segments = old
+        _local.runs = old
 
 
-def _segmented(module, query, key, value, attention_mask, segments, **kwargs):
-    outs = []
-    for a, b, L in segments:
-        mask = None if attention_mask is None else attention_mask[a:b, ..., :L]
-        outs.append(_attend(module, query[a:b], key[a:b, :, :L], value[a:b, :, :L], mask, **kwargs)[0])
-    return torch.cat(outs), None
+def _packed(module, query, key, value, attention_mask, runs: list[RowRun], **kwargs):
+    q = query[0].transpose(0, 1)  # [T, H, D]
+    out = q.new_empty(q.shape)
+    H, D = q.shape[1:]
+    for run in runs:
+        rows, m = run.end - run.first, run.width
+        part = q[run.t0:run.t1]
+        if run.grid is None:
+            grid = part.reshape(rows, m, H, D)
+        else:
+            grid = q.new_zeros(rows * m, H, D)
+            grid[run.grid] = part
+            grid = grid.view(rows, m, H, D)
+        a, b, L = run.first, run.end, run.slots
+        mask = None if attention_mask is None else attention_mask[a:b, :, :m, :L]
+        res = _attend(module, grid.transpose(1, 2), key[a:b, :, :L], value[a:b, :, :L], mask, **kwargs)[0]
+        res = res.reshape(rows * m, H, D)
+        out[run.t0:run.t1] = res if run.grid is None else res[run.grid]
+    return out.unsqueeze(0), None
 
 
 def grouped_sdpa(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                  attention_mask: torch.Tensor | None, dropout: float = 0.0, scaling: float | None = None,
                  **kwargs):
-    segments = getattr(_local, "segments", None)
-    if segments and len(segments) > 1 and segments[-1][1] == query.shape[0] and query.shape[2] <= MAX_FOLDED_QUERY:
-        return _segmented(module, query, key, value, attention_mask, segments, dropout=dropout, scaling=scaling,
-                          **kwargs)
+    runs = getattr(_local, "runs", None)
+    if runs and query.shape[0] == 1 and key.shape[0] == runs[-1].end and query.shape[2] == runs[-1].t1:
+        return _packed(module, query, key, value, attention_mask, runs, dropout=dropout, scaling=scaling, **kwargs)
     return _attend(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs)
 
 

@@ -19,13 +19,15 @@ class GrowingLayer(DynamicLayer):
         self._k: torch.Tensor | None = None
         self._v: torch.Tensor | None = None
         self._len = 0
-        self.row_offsets: torch.Tensor | None = None  # set by a batch: where each row's new states go
+        self._rows: int | None = None  # a batch: rows in use (the buffer has room for more); None: all of them
+        # set by a batch: the (row, slot) each new state goes to, shaped like the forward's [batch, tokens]
+        self.scatter: tuple[torch.Tensor, torch.Tensor] | None = None
         self.row_end = 0  # ... and the slot after the last of them (a host int: no device sync per layer)
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
         if not self.is_initialized:
             self.lazy_initialization(key_states, value_states)
-        if self.row_offsets is not None:
+        if self.scatter is not None:
             return self._update_rows(key_states, value_states)
         n = key_states.shape[-2]
         need = self._len + n
@@ -33,25 +35,27 @@ class GrowingLayer(DynamicLayer):
         self._k[..., self._len:need, :] = key_states
         self._v[..., self._len:need, :] = value_states
         self._len = need
-        self.keys = self._k[..., :need, :]
-        self.values = self._v[..., :need, :]
+        self._set_views()
         return self.keys, self.values
 
     def _update_rows(self, key_states: torch.Tensor, value_states: torch.Tensor):
-        """Row r's n new states go to slots ``[row_offsets[r], row_offsets[r] + n)``, right after its own prefix,
-        so each row's keys are one contiguous prefix of its slots (a batch attends row runs over their own)."""
-        rows, n = key_states.shape[0], key_states.shape[-2]
-        offsets = self.row_offsets.to(key_states.device)
+        """New state ``[b, :, t]`` goes to row ``index[b, t]``, slot ``slots[b, t]``: a batch writes each row's
+        tree right after its own prefix, so each row's keys are one contiguous prefix of its slots (runs of rows
+        attend over their own). The forward may hold one row per batch entry or all rows' trees packed in one."""
+        index, slots = self.scatter
         need = max(self._len, self.row_end)
-        self._reserve(key_states, value_states, need)
-        slots = offsets[:, None] + torch.arange(n, device=offsets.device)[None, :]
-        index = torch.arange(rows, device=offsets.device)[:, None].expand(rows, n)
-        self._k[index, :, slots] = key_states.transpose(1, 2)  # [rows, n, heads, dim] at (row, slot)
+        if self._k is None:
+            raise RuntimeError("a batched forward scatters into rows added before it (add_row)")
+        self._reserve(self._k[..., :0, :], self._v[..., :0, :], need)
+        self._k[index, :, slots] = key_states.transpose(1, 2)  # [b, t, heads, dim] at (row, slot)
         self._v[index, :, slots] = value_states.transpose(1, 2)
         self._len = need
-        self.keys = self._k[..., :need, :]
-        self.values = self._v[..., :need, :]
+        self._set_views()
         return self.keys, self.values
+
+    def _set_views(self) -> None:
+        k, v = (self._k, self._v) if self._rows is None else (self._k[: self._rows], self._v[: self._rows])
+        self.keys, self.values = k[..., : self._len, :], v[..., : self._len, :]
 
     def _reserve(self, key_states: torch.Tensor, value_states: torch.Tensor, need: int) -> None:
         if self._k is None or need > self._k.shape[-2] or self._k.shape[0] != key_states.shape[0]:
@@ -72,8 +76,7 @@ class GrowingLayer(DynamicLayer):
         if self._k is None or length >= self._len:
             return
         self._len = max(0, length)
-        self.keys = self._k[..., : self._len, :]
-        self.values = self._v[..., : self._len, :]
+        self._set_views()
 
     def crop(self, max_length: int) -> None:
         if max_length < 0:  # transformers' convention: a negative value removes that many tokens
@@ -82,39 +85,47 @@ class GrowingLayer(DynamicLayer):
 
     def reset(self) -> None:
         self._k = self._v = None
-        self._len = 0
+        self._len, self._rows = 0, None
         super().reset()
 
-    def select_rows(self, rows: torch.Tensor) -> None:
-        """Keep only these batch rows (batched generation drops finished sequences)."""
+    def select_rows(self, rows: torch.Tensor | list[int]) -> None:
+        """Keep only these batch rows (batched generation drops finished sequences). Rows given as an ascending
+        host list move down in place (only rows after a removed one, only their used slots; no new buffer)."""
         if self._k is None:
             return
-        self._k, self._v = self._k[rows], self._v[rows]
-        self.keys = self._k[..., : self._len, :]
-        self.values = self._v[..., : self._len, :]
-
+        if isinstance(rows, list) and rows == sorted(set(rows)):
+            for i, r in enumerate(rows):
+                if i != r:
+                    self._k[i, ..., : self._len, :] = self._k[r, ..., : self._len, :]
+                    self._v[i, ..., : self._len, :] = self._v[r, ..., : self._len, :]
+            self._rows = len(rows)
+        else:
+            live = slice(None) if self._rows is None else slice(0, self._rows)
+            self._k, self._v, self._rows = self._k[live][rows], self._v[live][rows], None
+        self._set_views()
 
     def add_row(self, other: GrowingLayer) -> None:
-        """Append ``other``'s single sequence as a new batch row; the shorter side is zero-padded (padding is
-        masked out by the caller, and zeros keep masked scores finite)."""
+        """Append ``other``'s single sequence as a new batch row. The buffer keeps room for more rows (doubling),
+        so a stream of newcomers reallocates it only now and then; slots past a row's length are masked out by
+        the caller (they hold zeros or an earlier row's states: finite either way)."""
         k, v, n = other._k[..., : other._len, :], other._v[..., : other._len, :], other._len
-        if self._k is None:
-            self._k, self._v, self._len = k.clone(), v.clone(), n
-        else:
-            length = max(self._len, n)
-            cap = max(self._k.shape[-2], length + 64)
-            rows = self._k.shape[0]
-            nk = self._k.new_zeros(rows + 1, *self._k.shape[1:-2], cap, self._k.shape[-1])
-            nv = self._v.new_zeros(rows + 1, *self._v.shape[1:-2], cap, self._v.shape[-1])
-            nk[:rows, ..., : self._len, :] = self._k[..., : self._len, :]
-            nv[:rows, ..., : self._len, :] = self._v[..., : self._len, :]
-            nk[rows, ..., :n, :] = k[0]
-            nv[rows, ..., :n, :] = v[0]
-            self._k, self._v, self._len = nk, nv, length
+        rows = 0 if self._k is None else (self._k.shape[0] if self._rows is None else self._rows)
+        length = max(self._len, n)
+        if self._k is None or rows + 1 > self._k.shape[0] or length > self._k.shape[-2]:
+            cap_rows = max(rows + 1, 2 * rows)
+            cap = max(self._k.shape[-2] if self._k is not None else 0, length + 64)
+            nk = k.new_zeros(cap_rows, *k.shape[1:-2], cap, k.shape[-1])
+            nv = v.new_zeros(cap_rows, *v.shape[1:-2], cap, v.shape[-1])
+            if rows:
+                nk[:rows, ..., : self._len, :] = self._k[:rows, ..., : self._len, :]
+                nv[:rows, ..., : self._len, :] = self._v[:rows, ..., : self._len, :]
+            self._k, self._v = nk, nv
+        self._k[rows, ..., :n, :] = k[0]
+        self._v[rows, ..., :n, :] = v[0]
+        self._rows, self._len = rows + 1, length
         if not self.is_initialized:
             self.lazy_initialization(k, v)
-        self.keys = self._k[..., : self._len, :]
-        self.values = self._v[..., : self._len, :]
+        self._set_views()
 
     def move_slots(self, rows: torch.Tensor, src: torch.Tensor, dst: torch.Tensor) -> None:
         """Copy slot ``src[i]`` of row ``rows[i]`` to slot ``dst[i]`` (all gathered before any is written)."""
@@ -128,15 +139,16 @@ class GrowingCache(DynamicCache):
     def __init__(self):
         Cache.__init__(self, layer_class_to_replicate=GrowingLayer)
 
-    def select_rows(self, rows: torch.Tensor) -> None:
+    def select_rows(self, rows: torch.Tensor | list[int]) -> None:
         for layer in self.layers:
             layer.select_rows(rows)
 
-    def set_row_offsets(self, offsets: torch.Tensor | None, end: int = 0) -> None:
-        """Where each row's states of the next forward go (None: appended after the longest row), and ``end``,
-        the slot after the last of them."""
+    def set_scatter(self, index: torch.Tensor | None, slots: torch.Tensor | None = None, end: int = 0) -> None:
+        """The row and slot of each state of the next forward (both shaped like its [batch, tokens]; None:
+        appended after the longest row), and ``end``, the slot after the last of them."""
         for layer in self.layers:
-            layer.row_offsets, layer.row_end = offsets, end
+            layer.scatter = None if index is None else (index, slots)
+            layer.row_end = end
 
     def add_row(self, other: GrowingCache) -> None:
         """Append the single sequence cached in ``other`` as a new batch row (see :meth:`GrowingLayer.add_row`)."""

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 import torch
 
 from drafttree.accept import Sampling, accept, sample_token
-from drafttree.batching.policy import DraftOrPlain
+from drafttree.batching.policy import AlwaysDraft, DraftOrPlain
 from drafttree.batching.target import BatchTarget
 from drafttree.budget import BatchShare, CostModel
 from drafttree.decode import DecodeStats
@@ -53,11 +53,12 @@ class BatchDecoder:
     """The batched decode loop: :meth:`add` a sequence (prefill), :meth:`step` one round for all rows."""
 
     def __init__(self, target: BatchTarget, cost: CostModel | None = None, policy: DraftOrPlain | None = None):
-        """``policy`` decides per round whether unseeded rows draft at all (default :class:`DraftOrPlain`:
-        measured against plain batched decoding; :class:`AlwaysDraft` leaves it to each row's drafter)."""
+        """``policy`` decides per round whether unseeded rows draft at all (default :class:`AlwaysDraft`: each
+        row's drafter sizes its tree on its share of the forward; :class:`DraftOrPlain` measures per batch size)."""
         self.target, self.cost = target, cost
-        self.policy = policy if policy is not None else DraftOrPlain()
+        self.policy = policy if policy is not None else AlwaysDraft()
         self.active: list[Sequence] = []
+        self._joined = False  # a row joined since the last round (that round also pays for the cache growing)
 
     @property
     def rows(self) -> int:
@@ -91,6 +92,7 @@ class BatchDecoder:
         seq.context = seq.prompt_ids.reshape(-1).tolist()
         seq.root = root
         self.active.append(seq)
+        self._joined = True
         new = self._emit(seq, [root])
         if seq.finished:
             self._drop_finished()
@@ -159,7 +161,8 @@ class BatchDecoder:
             st.tree_sizes.append(tree.size)
             results.append((seq, self._emit(seq, committed[1:] + [nxt])))
         wall = time.perf_counter() - t_round
-        self.policy.record(len(rows), drafting, sum(len(p) for p, _ in accepted), wall)
+        self.policy.record(len(rows), drafting, sum(len(p) for p, _ in accepted), wall, measured=not self._joined)
+        self._joined = False
         for seq in rows:  # every row waited for the whole round
             seq.stats.wall_time += wall
             seq.stats.time_other = max(0.0, seq.stats.wall_time - seq.stats.time_prefill - seq.stats.time_draft

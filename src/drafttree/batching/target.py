@@ -2,10 +2,11 @@
 
 Rows live side by side in one KV cache ``[rows, heads, slots, dim]``. Row r's committed tokens are always the
 prefix ``[0, lens[r])`` of its slots; everything after it is masked out (stale tree slots or zero padding). A
-round writes row r's tree right after its own prefix, slots ``[lens[r], lens[r] + n)`` (n = the largest tree,
-smaller trees padded), with per-row 4-D masks (past prefix + ancestors) and per-row positions
-(``lens[r] + depth``), so each row's keys are one contiguous prefix of its slots and runs of rows of similar
-length attend over their own prefix only (``attention.row_segments``), not over the longest row's. Committing
+round packs every row's tree into one sequence (the linear layers see each row's real nodes, no padding) and
+writes row r's tree right after its own prefix, slots ``[lens[r], lens[r] + size)``, with per-row 4-D masks
+(past prefix + ancestors) and per-row positions (``lens[r] + depth``), so each row's keys are one contiguous
+prefix of its slots and runs of rows of similar length and tree size attend over their own prefix only
+(``attention.row_runs``), not over the longest row's. Committing
 moves each row's accepted path to the end of its own prefix (nothing moves when it is a chain from the root),
 so rows of different lengths and accepted lengths share one cache without copies of the past. A newcomer is
 prefilled alone (its own forward) and joins as a new row between rounds.
@@ -15,7 +16,7 @@ from __future__ import annotations
 
 import torch
 
-from drafttree.attention import row_segments
+from drafttree.attention import RowRun, row_runs
 from drafttree.cache import GrowingCache
 from drafttree.errors import DraftTreeError
 from drafttree.target import ForwardOutput, TargetModel, run_with_features
@@ -31,7 +32,8 @@ class BatchTarget:
         self.feature_layers = self.single.feature_layers
         self.cache: GrowingCache | None = None
         self.lens: list[int] = []
-        self.segment_overhead = 512  # what one more attention call costs, in slot-reads (see _segments)
+        self.segment_overhead = 512  # what one more attention call costs, in slot-reads (see _runs)
+        self.query_cost = 0.25  # one more query per row, relative to reading the row's keys (CPU, float32)
 
     # ---- what the decode loop reads -----------------------------------------------------------------
     @property
@@ -70,7 +72,7 @@ class BatchTarget:
         if not rows:
             self.cache = None
             return
-        self.cache.select_rows(torch.tensor(rows, dtype=torch.long, device=self.device))
+        self.cache.select_rows(list(rows))
         self._truncate()
 
     def _truncate(self) -> None:
@@ -108,49 +110,64 @@ class BatchTarget:
             additive[kind] = m.masked_fill_(~ok, torch.finfo(dtype).min)[:, None]
         return (additive if self.single.has_sliding else additive["full_attention"]), positions
 
-    def _segments(self, n: int) -> list[tuple[int, int, int]]:
-        """Runs of consecutive rows attended together, ``(first, end, key slots)``: the split that minimises
-        the slots read (rows x the run's longest row) plus ``segment_overhead`` per extra attention call."""
-        lens, rows, overhead = self.lens, self.rows, self.segment_overhead
+    def _runs(self, sizes: list[int]) -> list[RowRun]:
+        """Runs of consecutive rows attended together: the split that minimises the attention work, each row
+        costing its run's (longest row + widest tree) slots times ``1 + query_cost`` per query of the run's width,
+        plus ``segment_overhead`` per extra attention call."""
+        lens, rows, overhead, qc = self.lens, self.rows, self.segment_overhead, self.query_cost
         best = [0.0] + [float("inf")] * rows
         cut = [0] * (rows + 1)
         for b in range(1, rows + 1):
-            longest = 0
+            longest = width = 0
             for a in range(b - 1, -1, -1):
-                longest = max(longest, lens[a])
-                cost = best[a] + (b - a) * (longest + n) + overhead
+                longest, width = max(longest, lens[a]), max(width, sizes[a])
+                cost = best[a] + (b - a) * (longest + width) * (1 + qc * width) + overhead
                 if cost < best[b]:
                     best[b], cut[b] = cost, a
-        out, b = [], rows
+        bounds, b = [], rows
         while b > 0:
-            a = cut[b]
-            out.append((a, b, max(lens[a:b]) + n))
-            b = a
-        return out[::-1]
+            bounds.append((cut[b], b))
+            b = cut[b]
+        starts = [0]
+        for m in sizes:
+            starts.append(starts[-1] + m)
+        runs = []
+        for a, b in bounds[::-1]:
+            width = max(sizes[a:b])
+            grid = None
+            if any(m != width for m in sizes[a:b]):
+                grid = torch.cat([torch.arange(m) + (r - a) * width for r, m in zip(range(a, b), sizes[a:b])])
+                grid = grid.to(self.device)
+            runs.append(RowRun(a, b, max(lens[a:b]) + width, width, starts[a], starts[b], grid))
+        return runs
 
     @torch.inference_mode()
     def forward_trees(self, trees: list[DraftTree]) -> list[ForwardOutput]:
-        """Verify one tree per row (row order) in a single forward; logits only for real nodes."""
+        """Verify one tree per row (row order) in a single forward; logits only for real nodes.
+
+        The trees are packed into one sequence (the linear layers see each row's real nodes, not every row padded
+        to the largest tree); attention spreads each run of rows on its own small grid (``attention.RowRun``)."""
         if len(trees) != self.rows or not trees:
             raise RuntimeError(f"{len(trees)} trees for {self.rows} rows")
-        n = max(t.size for t in trees)
-        tokens = torch.zeros(self.rows, n, dtype=torch.long, device=self.device)
-        for r, t in enumerate(trees):
-            tokens[r, : t.size] = t.tokens.to(self.device)
-        mask, positions = self._mask_and_positions(trees, n)
-        self.cache.set_row_offsets(torch.tensor(self.lens, dtype=torch.long, device=self.device), max(self.lens) + n)
-        try:
-            with row_segments(self._segments(n)):
-                out, aux = run_with_features(self.model, self.feature_layers, input_ids=tokens, attention_mask=mask,
-                                             position_ids=positions, past_key_values=self.cache, use_cache=True)
-        finally:
-            self.cache.set_row_offsets(None)
-        hidden = out.last_hidden_state
-        feats = hidden if aux is None else aux
         sizes = [t.size for t in trees]
-        real = torch.cat([hidden[r, :m] for r, m in enumerate(sizes)])
-        logits = self.single.logits(real).split(sizes)
-        return [ForwardOutput(logits=lg, features=feats[r, :m]) for r, (lg, m) in enumerate(zip(logits, sizes))]
+        n, dev = max(sizes), self.device
+        tokens = torch.cat([t.tokens.to(dev) for t in trees])[None]
+        mask, positions = self._mask_and_positions(trees, n)
+        row = torch.repeat_interleave(torch.arange(self.rows, device=dev), torch.tensor(sizes, device=dev))
+        node = torch.cat([torch.arange(m, device=dev) for m in sizes])
+        lens = torch.tensor(self.lens, dtype=torch.long, device=dev)
+        self.cache.set_scatter(row[None], (lens[row] + node)[None], max(self.lens) + n)
+        try:
+            with row_runs(self._runs(sizes)):
+                out, aux = run_with_features(self.model, self.feature_layers, input_ids=tokens, attention_mask=mask,
+                                             position_ids=positions[row, node][None],
+                                             past_key_values=self.cache, use_cache=True)
+        finally:
+            self.cache.set_scatter(None)
+        hidden = out.last_hidden_state[0]
+        feats = hidden if aux is None else aux[0]
+        logits = self.single.logits(hidden).split(sizes)
+        return [ForwardOutput(logits=lg, features=f) for lg, f in zip(logits, feats.split(sizes))]
 
     @torch.inference_mode()
     def commit(self, paths: list[list[int]]) -> None:

@@ -1,8 +1,11 @@
-"""``drafttree bench concurrency``: many users at once. For each number of concurrent users U, U requests
-(first turns of the six tasks' questions, interleaved) arrive together and are decoded as one continuously
-batched group; printed per method: aggregate tokens/s, tokens/s per user (tokens / time until that user's
-last token), tau and the mean verified tree size. Methods: ours (``auto``, ``ar`` = batched plain decoding,
-any other) and ``hf-ar`` (transformers' ``generate`` on the same padded batch)."""
+"""``drafttree bench concurrency``: many users at once. For each number of concurrent users U, U x R requests
+(first turns of the six tasks' questions, interleaved) are served at most U at a time by continuous batching:
+R = 1 is a burst (U requests arrive together; the last rounds run with the slowest few rows), R > 1 a steady
+load (each user sends its next request when the last one ends: a finished row's place goes to a newcomer).
+Printed per method: aggregate tokens/s, tokens/s per user (R = 1: tokens / time until that user's last token;
+R > 1: aggregate / U), tau and the mean verified tree size. Methods: ours (``auto``, ``ar`` = batched plain
+decoding, any other) and ``hf-ar`` (transformers' ``generate`` on the same padded batch, bursts only). With
+``repeats`` every (U, method) runs that many times, methods interleaved, and the median run is reported."""
 
 from __future__ import annotations
 
@@ -14,6 +17,7 @@ from pathlib import Path
 
 import torch
 
+from drafttree.bench.config import parse_method
 from drafttree.bench.tasks import BUILTIN, load_tasks
 from drafttree.errors import DraftTreeError
 
@@ -35,11 +39,13 @@ def interleaved_prompts(tasks: list[str], n: int, data_dir=None) -> list[str]:
     return out
 
 
-def run_ours(sm, prompts: list[str], method: str, max_new_tokens: int) -> dict:
+def run_ours(sm, prompts: list[str], spec: str, max_new_tokens: int, max_batch: int | None = None) -> dict:
+    """``spec``: a method, with options as in ``drafttree bench`` (``auto:costly_in_batches=true``)."""
+    method, options = parse_method(spec)
     t0 = time.perf_counter()
     done: dict[int, float] = {}
     for i, _chunk in sm.stream_batch(prompts, max_new_tokens, method=None if method == "auto" else method,
-                                     max_batch=len(prompts)):
+                                     max_batch=max_batch or len(prompts), method_options=options or None):
         done[i] = time.perf_counter() - t0
     wall = time.perf_counter() - t0
     results = sm.batch_results()
@@ -74,23 +80,34 @@ def run_hf(sm, prompts: list[str], max_new_tokens: int) -> dict:
 
 
 def measure(sm, users: list[int], methods: list[str], max_new_tokens: int, tasks: list[str], data_dir=None,
-            warmup: bool = True) -> list[dict]:
-    prompts = interleaved_prompts(tasks, max(users), data_dir)
+            warmup: bool = True, requests_per_user: int = 1, repeats: int = 1) -> list[dict]:
+    R = max(1, requests_per_user)
+    if R > 1 and "hf-ar" in methods:
+        raise DraftTreeError("hf-ar serves one padded batch: use it with --requests-per-user 1")
+    prompts = interleaved_prompts(tasks, max(users) * R, data_dir)
     if warmup:
         for m in methods:  # first calls pay for allocations, calibration and kernel selection
             (run_hf(sm, prompts[:2], 8) if m == "hf-ar" else run_ours(sm, prompts[:2], m, 8))
     rows = []
     for u in users:
+        runs: dict[str, list[dict]] = {m: [] for m in methods}
+        for _ in range(max(1, repeats)):
+            for m in methods:  # interleaved: a change in machine load hits every method alike
+                batch = prompts[: u * R]
+                runs[m].append(run_hf(sm, batch, max_new_tokens) if m == "hf-ar"
+                               else run_ours(sm, batch, m, max_new_tokens, max_batch=u))
         for m in methods:
-            r = run_hf(sm, prompts[:u], max_new_tokens) if m == "hf-ar" else run_ours(sm, prompts[:u], m,
-                                                                                      max_new_tokens)
-            per_user = [n / f for n, f in zip(r["tokens"], r["finish"])]
-            row = {"users": u, "method": m, "aggregate_tps": sum(r["tokens"]) / r["wall"],
-                   "per_user_tps": statistics.mean(per_user), "tokens": sum(r["tokens"]), "wall": r["wall"],
-                   "tau": r["tau"], "mean_tree": r["tree"]}
+            aggs = [sum(r["tokens"]) / r["wall"] for r in runs[m]]
+            r = runs[m][sorted(range(len(aggs)), key=aggs.__getitem__)[len(aggs) // 2]]  # the median run
+            agg = sum(r["tokens"]) / r["wall"]
+            per_user = statistics.mean(n / f for n, f in zip(r["tokens"], r["finish"])) if R == 1 else agg / u
+            row = {"users": u, "method": m, "aggregate_tps": agg, "per_user_tps": per_user,
+                   "tokens": sum(r["tokens"]), "wall": r["wall"], "tau": r["tau"], "mean_tree": r["tree"],
+                   "requests": u * R, "all_aggregate_tps": [round(a, 2) for a in aggs]}
             rows.append(row)
+            spread = f"   runs {', '.join(f'{a:.1f}' for a in aggs)}" if len(aggs) > 1 else ""
             print(f"[concurrency] {u:3d} users  {m:10s} aggregate {row['aggregate_tps']:7.1f} tok/s   per user "
-                  f"{row['per_user_tps']:6.2f} tok/s   tau {row['tau']:.2f}   tree {row['mean_tree']:.1f}",
+                  f"{row['per_user_tps']:6.2f} tok/s   tau {row['tau']:.2f}   tree {row['mean_tree']:.1f}{spread}",
                   file=sys.stderr, flush=True)
     return rows
 
@@ -123,21 +140,33 @@ def cmd_concurrency(args) -> int:
         raise DraftTreeError(f"--users must be positive integers, got {args.users!r}")
     methods = [m.strip() for m in args.methods.split(",") if m.strip()]
     tasks = [t.strip() for t in args.tasks.split(",") if t.strip()]
+    if args.requests_per_user <= 0 or args.repeats <= 0:
+        raise DraftTreeError("--requests-per-user and --repeats must be positive")
+    if args.requests_per_user > 1 and "hf-ar" in methods:
+        raise DraftTreeError("hf-ar serves one padded batch: use it with --requests-per-user 1")
     sm = drafttree.SpeculativeModel.from_pretrained(args.model, dtype=args.dtype, device=args.device)
-    rows = measure(sm, users, methods, args.max_new_tokens, tasks, args.data_dir)
+    rows = measure(sm, users, methods, args.max_new_tokens, tasks, args.data_dir,
+                   requests_per_user=args.requests_per_user, repeats=args.repeats)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     meta = {"command": "drafttree bench concurrency " + " ".join(sys.argv[3:]), "model": sm.target.name,
             "dtype": str(sm.target.dtype).replace("torch.", ""), "device": str(sm.target.device),
             "threads": torch.get_num_threads(), "max_new_tokens": args.max_new_tokens, "tasks": tasks,
-            "auto_is": sm.method}
+            "auto_is": sm.method, "requests_per_user": args.requests_per_user, "repeats": args.repeats}
     (out / "concurrency.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
     md = (f"`{meta['command']}` — {meta['model']}, {meta['dtype']}, {meta['device']}, {meta['threads']} threads, "
-          f"{args.max_new_tokens} new tokens per request, T=0; auto = {sm.method}\n\n" + table(rows, methods))
+          f"{args.max_new_tokens} new tokens per request, {load_words(meta)}, T=0; auto = {sm.method}\n\n"
+          + table(rows, methods))
     (out / "concurrency.md").write_text(md)
     plot(rows, methods, out / "concurrency.png")
     print(md)
     return 0
+
+
+def load_words(meta: dict) -> str:
+    r, n = meta.get("requests_per_user", 1), meta.get("repeats", 1)
+    load = "one burst (every user's request at once)" if r == 1 else f"steady load ({r} requests per user in turn)"
+    return load + (f", median of {n} interleaved runs" if n > 1 else "")
 
 
 def plot(rows: list[dict], methods: list[str], path: Path) -> None:
@@ -171,7 +200,8 @@ def render_section(run_dir: Path, img_dir: Path, slug: str) -> str:
     meta, rows = data["meta"], data["rows"]
     methods = list(dict.fromkeys(r["method"] for r in rows))
     text = [f"## Many users at once: {meta['model']}, {meta['dtype']}, {meta['device']}, {meta['threads']} threads, "
-            f"{meta['max_new_tokens']} new tokens per request, T=0", "", "Command:", "", "```sh", meta["command"],
+            f"{meta['max_new_tokens']} new tokens per request, {load_words(meta)}, T=0", "", "Command:", "", "```sh",
+            meta["command"],
             "```", "", f"Aggregate tokens/s (tokens/s per user in brackets; a user's rate is its tokens over the "
             f"time until its last token, prefill and queueing included). auto = {meta['auto_is']}.", "",
             table(rows, methods)]
@@ -189,6 +219,9 @@ def add_parser(rsub) -> None:
     c.add_argument("--tasks", default=",".join(BUILTIN), help="question sets the prompts come from")
     c.add_argument("--data-dir", default=None, help="folder with alpaca.jsonl")
     c.add_argument("--max-new-tokens", type=int, default=64)
+    c.add_argument("--requests-per-user", type=int, default=1,
+                   help="1: one burst; R > 1: each user sends R requests in turn (steady load)")
+    c.add_argument("--repeats", type=int, default=1, help="runs per (users, method), interleaved; median reported")
     c.add_argument("--model", default="smollm2-135m-instruct")
     c.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"])
     c.add_argument("--device", default="auto")

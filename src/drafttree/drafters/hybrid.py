@@ -121,7 +121,7 @@ class HybridDrafter(Drafter):
     (its cost curve sizes the tree); ``total_tokens`` fixes the tree size instead (tests, sweeps)."""
 
     def __init__(self, sources: list[CandidateSource], budget=None, total_tokens: int | None = None,
-                 gate: bool = True, name: str = "hybrid"):
+                 gate: bool = True, name: str = "hybrid", costly_in_batches: bool = False):
         if budget is None and total_tokens is None:
             raise ValueError("HybridDrafter needs a TreeBudget or a fixed total_tokens")
         self.sources = list(sources)
@@ -133,6 +133,10 @@ class HybridDrafter(Drafter):
         self.calibrations = {"greedy": [s.calibration for s in self.sources],
                              "sampled": [s.calibration.fresh() for s in self.sources]}
         self.name = name
+        # a costly source drafts one row at a time: in a batch of B rows, B such calls weigh against one shared
+        # forward and cannot pay (docs/benchmark-notes.md: a steady load of 4 users gained on plain decoding with
+        # the n-gram source alone and lost with the head); batched rounds use the free sources unless this is set
+        self.costly_in_batches = costly_in_batches
         self._round: tuple | None = None
         self._fresh = True
         self.source_accepts = [0] * len(self.sources)  # accepted drafts each source proposed (diagnostics)
@@ -181,6 +185,8 @@ class HybridDrafter(Drafter):
         if req.cost is not None and self.base_cost is not None:
             scale = self.base_cost.verify(1) / max(1e-12, req.cost.verify(1))
         for i, (src, gate) in enumerate(zip(self.sources, self.gates)):
+            if src.cost > 0 and req.cost is not None and not self.costly_in_batches:
+                continue
             sit = situation(rc.earlier)
             if src.cost > 0 and not gate.allow(sit):
                 continue

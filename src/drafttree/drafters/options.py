@@ -120,6 +120,7 @@ class HybridOptions:
     num_tokens: int = _opt(12, "int", 1, "tokens per n-gram continuation")
     max_candidates: int = _opt(8, "int", 1, "n-gram continuations per round")
     extend: bool = _opt(False, "bool", None, "a draft LM also drafts on after the n-grams' likeliest branch")
+    costly_in_batches: bool = _opt(False, "bool", None, "costly sources (head, draft LM) draft in batched rounds too")
 
 
 @dataclass
