@@ -1,5 +1,7 @@
 """DraftOrPlain: per batch size, the better of drafting and plain rounds, with probes of the other."""
 
+import pytest
+
 from drafttree.batching.policy import DraftOrPlain, bucket
 
 
@@ -62,3 +64,17 @@ def test_the_round_after_a_switch_is_not_what_the_mode_costs():
         last = d
     assert p.rate[(16, True)] > p.rate[(16, False)]
     assert sum(choices[-60:]) > 50, "drafting pays once caught up: mostly drafting"
+
+
+def test_cost_curves_price_many_sizes_as_one_at_a_time():
+    """``verify_many`` (the budget prices every candidate size in one call) equals ``verify`` size by size, below,
+    inside and beyond the measured sizes, for a lone row and for a row's share of a batch."""
+    import torch
+
+    from drafttree.budget import BatchShare, CostModel
+
+    curve = CostModel([1, 2, 4, 8, 16, 32], [1.0, 1.1, 1.2, 1.6, 2.3, 3.5])
+    ns = torch.arange(1, 80)
+    for cost in (curve, BatchShare(curve, 0, 1), BatchShare(curve, 15, 16), BatchShare(curve, 40, 9)):
+        many = cost.verify_many(ns).tolist()
+        assert many == pytest.approx([cost.verify(int(n)) for n in ns], rel=1e-12, abs=1e-12)

@@ -44,6 +44,7 @@ class RowRun:
     t0: int
     t1: int
     grid: torch.Tensor | None = None
+    pad: torch.Tensor | None = None  # the grid's entries no token goes to
 
 
 @contextlib.contextmanager
@@ -68,7 +69,8 @@ def _packed(module, query, key, value, attention_mask, runs: list[RowRun], **kwa
         if run.grid is None:
             grid = part.reshape(rows, m, H, D)
         else:
-            grid = q.new_zeros(rows * m, H, D)
+            grid = q.new_empty(rows * m, H, D)
+            grid[run.pad] = 0  # padding queries: their outputs are dropped, but keep them finite
             grid[run.grid] = part
             grid = grid.view(rows, m, H, D)
         a, b, L = run.first, run.end, run.slots

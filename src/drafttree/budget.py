@@ -41,6 +41,16 @@ class CostModel:
                 return y0 + (y1 - y0) * (n - x0) / (x1 - x0)
         return ys[-1] * n / xs[-1]
 
+    def verify_many(self, ns: torch.Tensor) -> torch.Tensor:
+        """:meth:`verify` of every size in ``ns`` at once (float64)."""
+        xs = torch.tensor(self.sizes, dtype=torch.float64)
+        ys = torch.tensor(self.seconds, dtype=torch.float64)
+        n = ns.to(torch.float64)
+        i = torch.searchsorted(xs, n).clamp(1, len(xs) - 1)
+        x0, x1, y0, y1 = xs[i - 1], xs[i], ys[i - 1], ys[i]
+        inside = y0 + (y1 - y0) * (n - x0) / (x1 - x0)
+        return torch.where(n <= xs[0], ys[0], torch.where(n > xs[-1], ys[-1] * n / xs[-1], inside))
+
     def relative(self) -> dict[int, float]:
         return {n: round(s / self.seconds[0], 3) for n, s in zip(self.sizes, self.seconds)}
 
@@ -61,6 +71,12 @@ class BatchShare:
             return self.base.verify(n)
         shared = self.base.verify(self.others)
         return self.base.verify(self.others + n) - shared + shared / max(1, self.rows)
+
+    def verify_many(self, ns: torch.Tensor) -> torch.Tensor:
+        if self.others <= 0:
+            return self.base.verify_many(ns)
+        shared = self.base.verify(self.others)
+        return self.base.verify_many(ns + self.others) - shared + shared / max(1, self.rows)
 
 
 CURVE_VERSION = "3"  # bump when the verify path changes cost (2: grouped tree attention, 3: small-GEMM kernel)
@@ -177,7 +193,7 @@ class TreeBudget:
             return 1
         gains = 1.0 + self.calibration * torch.cumsum(sorted_scores[:m].exp().double(), 0)
         sizes = torch.arange(2, m + 2)
-        costs = torch.tensor([self.cost.verify(int(n)) for n in sizes.tolist()], dtype=torch.float64)
+        costs = self.cost.verify_many(sizes)
         rate = gains / (draft_seconds + self.overhead + costs)
         best = int(rate.argmax()) + 2
         base_rate = 1.0 / (draft_seconds + self.overhead + self.cost.verify(1))

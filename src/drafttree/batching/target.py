@@ -134,11 +134,12 @@ class BatchTarget:
         runs = []
         for a, b in bounds[::-1]:
             width = max(sizes[a:b])
-            grid = None
+            grid = pad = None
             if any(m != width for m in sizes[a:b]):
                 grid = torch.cat([torch.arange(m) + (r - a) * width for r, m in zip(range(a, b), sizes[a:b])])
-                grid = grid.to(self.device)
-            runs.append(RowRun(a, b, max(lens[a:b]) + width, width, starts[a], starts[b], grid))
+                pad = torch.cat([torch.arange(m, width) + (r - a) * width for r, m in zip(range(a, b), sizes[a:b])])
+                grid, pad = grid.to(self.device), pad.to(self.device)
+            runs.append(RowRun(a, b, max(lens[a:b]) + width, width, starts[a], starts[b], grid, pad))
         return runs
 
     @torch.inference_mode()

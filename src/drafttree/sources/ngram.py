@@ -135,9 +135,10 @@ class NgramSource:
         cells = torch.tensor([cell(m, c, d) for m, c, d in zip(matches, counts, depths)], dtype=torch.long)
         cond = self.calibration.logp(cells)
         par = torch.tensor(parents, dtype=torch.long)
-        score = cond.clone()
-        for i, q in enumerate(parents):  # parents come before children
+        score = cond.tolist()
+        for i, q in enumerate(parents):  # parents come before children (host floats: no per-node tensor ops)
             if q >= 0:
                 score[i] += score[q]
+        score = torch.tensor(score, dtype=cond.dtype)
         cands = Candidates(torch.tensor(tokens, dtype=torch.long), par, cond, score, cond.clone())
         return Proposal(index, cands, cells)
