@@ -30,9 +30,11 @@ import torch.nn.functional as F
 
 from drafttree.paths import cache_dir
 
-# Above this torch's packed GEMM is as fast or faster (`drafttree calibrate --compare-kernels`, float32:
-# 2-core Xeon, AVX-512: SmolLM2-135M at ~48 rows, Qwen2.5-Coder-1.5B at ~32; 2-core AMD EPYC, AVX2: ~32 rows).
-MAX_ROWS = 32
+# Above this torch's packed GEMM is as fast or faster (`drafttree calibrate --compare-kernels`, float32). 2-core AMD
+# EPYC, AVX2, 4 x 3 tiles: the kernel is faster up to 64 rows (48 rows 122 ms vs 153, 64 rows 155 vs 181 per
+# SmolLM2-135M forward). The 2-core Xeon (AVX-512) measured ~48 rows for SmolLM2-135M and ~32 for Qwen2.5-Coder-1.5B
+# before the tiles' inner loop was unrolled; not measured there since.
+MAX_ROWS = 64
 SOURCE = Path(__file__).with_name("small_gemm.cpp")
 _DTYPES = (torch.float32, torch.bfloat16)
 

@@ -15,17 +15,20 @@
 
 namespace {
 
-// One vector backend, chosen at build time (-march=native): AVX-512 (16 lanes, 4 x 4 tiles: 16 accumulators of
-// 32 registers) or AVX2 + FMA (8 lanes, 3 x 4 tiles: 12 accumulators of 16 registers, the rest of the operands
-// partly from memory; measured faster than 2 x 4 tiles from 12 rows up and the same below).
+// One vector backend, chosen at build time (-march=native): AVX-512 (16 lanes, tiles of 4 input rows x 4 weight
+// rows: 16 accumulators of 32 registers) or AVX2 + FMA (8 lanes, tiles of 4 input rows x 3 weight rows: 12
+// accumulators + 3 weight vectors + 1 input vector = all 16 registers, so each input vector is loaded once for its
+// 3 products; 3 x 4 tiles left no register for it and the compiler re-read it from memory for every product,
+// 16 loads per 12 products).
 #if defined(__AVX512F__)
 using vec = __m512;
-constexpr int LANES = 16, TILE_ROWS = 4;
+constexpr int LANES = 16, TILE_ROWS = 4, TILE_COLS = 4;
 inline vec vzero() { return _mm512_setzero_ps(); }
 inline vec vset(float v) { return _mm512_set1_ps(v); }
 inline vec vfma(vec a, vec b, vec c) { return _mm512_fmadd_ps(a, b, c); }
 inline void vstore(float* p, vec v) { _mm512_storeu_ps(p, v); }
 inline vec vload(const float* p) { return _mm512_loadu_ps(p); }
+inline void in_register(vec& v) { asm("" : "+v"(v)); }  // the compiler must not re-read it from memory per use
 inline vec vload(const at::BFloat16* p) {  // bf16 -> float32 is exact: the bits shifted into the top half
   __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
   return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
@@ -47,12 +50,13 @@ inline vec reduce(const vec* v) {
 }
 #elif defined(__AVX2__) && defined(__FMA__)
 using vec = __m256;
-constexpr int LANES = 8, TILE_ROWS = 3;
+constexpr int LANES = 8, TILE_ROWS = 4, TILE_COLS = 3;
 inline vec vzero() { return _mm256_setzero_ps(); }
 inline vec vset(float v) { return _mm256_set1_ps(v); }
 inline vec vfma(vec a, vec b, vec c) { return _mm256_fmadd_ps(a, b, c); }
 inline void vstore(float* p, vec v) { _mm256_storeu_ps(p, v); }
 inline vec vload(const float* p) { return _mm256_loadu_ps(p); }
+inline void in_register(vec& v) { asm("" : "+x"(v)); }  // the compiler must not re-read it from memory per use
 inline vec vload(const at::BFloat16* p) {
   __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
   return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
@@ -98,13 +102,17 @@ inline void tile(const T* x, const T* w, int64_t K, float* out, int64_t ldo, con
   vec acc[GROUPS * ACC];
   for (int i = 0; i < GROUPS * ACC; ++i) acc[i] = vzero();
   int64_t k = 0;
+  const T* pf_next = pf;
+  int64_t pf_left = pf == nullptr ? 0 : pf_lines;
+#pragma GCC unroll 2
   for (; k + LANES <= K; k += LANES) {
     vec wv[C];
     for (int c = 0; c < C; ++c) wv[c] = vload(w + c * K + k);
-    for (int64_t j = (k / LANES) * ppi, end = std::min<int64_t>(j + ppi, pf_lines); j < end; ++j)
-      _mm_prefetch(reinterpret_cast<const char*>(pf + j * line), _MM_HINT_T0);
+    for (int i = 0; i < ppi && pf_left > 0; ++i, --pf_left, pf_next += line)
+      _mm_prefetch(reinterpret_cast<const char*>(pf_next), _MM_HINT_T0);
     for (int r = 0; r < R; ++r) {
       vec xv = vload(x + r * K + k);
+      if constexpr (C > 1) in_register(xv);  // one load for its C products
       for (int c = 0; c < C; ++c) acc[r * C + c] = vfma(xv, wv[c], acc[r * C + c]);
     }
   }
@@ -124,38 +132,39 @@ template <typename T, int R>
 inline void last_rows(int64_t rest, const T* x, const T* w, int64_t K, float* out, int64_t ldo, const T* pf, int ppi,
                       int64_t pf_lines) {
   if constexpr (R > 0) {
-    if (rest == R) tile<T, R, 4>(x, w, K, out, ldo, pf, ppi, pf_lines);
+    if (rest == R) tile<T, R, TILE_COLS>(x, w, K, out, ldo, pf, ppi, pf_lines);
     else last_rows<T, R - 1>(rest, x, w, K, out, ldo, pf, ppi, pf_lines);
   }
 }
 
 template <typename T>
-void rows_times_four(const T* x, int64_t M, const T* w, int64_t K, float* out, int64_t N, const T* next) {
-  // While the tiles of this block compute, the next block (4 rows, contiguous) is prefetched, spread evenly
-  // over all their inner iterations: memory and arithmetic overlap instead of taking turns.
+void rows_times_cols(const T* x, int64_t M, const T* w, int64_t K, float* out, int64_t N, const T* next) {
+  // TILE_COLS weight rows times every input row. While the tiles of this block compute, the next block
+  // (TILE_COLS weight rows, contiguous) is prefetched, spread evenly over all their inner iterations: memory
+  // and arithmetic overlap instead of taking turns.
   constexpr int64_t line = 64 / sizeof(T);
   const int64_t chunks = (M + TILE_ROWS - 1) / TILE_ROWS, iters = K / LANES;
-  const int64_t lines = (4 * K + line - 1) / line;  // the next block, exactly
+  const int64_t lines = (TILE_COLS * K + line - 1) / line;  // the next block, exactly
   const int ppi = next == nullptr || iters == 0 ? 0 : static_cast<int>((lines + chunks * iters - 1) / (chunks * iters));
   int64_t m = 0, chunk = 0;
   auto share = [&](int64_t c) { return next == nullptr ? nullptr : next + c * iters * ppi * line; };
   auto left = [&](int64_t c) { return next == nullptr ? int64_t{0} : lines - c * iters * ppi; };
   for (; m + TILE_ROWS <= M; m += TILE_ROWS, ++chunk)
-    tile<T, TILE_ROWS, 4>(x + m * K, w, K, out + m * N, N, share(chunk), ppi, left(chunk));
+    tile<T, TILE_ROWS, TILE_COLS>(x + m * K, w, K, out + m * N, N, share(chunk), ppi, left(chunk));
   last_rows<T, TILE_ROWS - 1>(M - m, x + m * K, w, K, out + m * N, N, share(chunk), ppi, left(chunk));
 }
 
 template <typename T>
 void gemm(const T* x, int64_t M, const T* w, int64_t N, int64_t K, float* out) {
   if (M == 0 || N == 0) return;
-  const int64_t step = M == 1 ? ACC : 4;  // one row: ACC weight rows per tile; more: TILE_ROWS x 4 tiles
+  const int64_t step = M == 1 ? ACC : TILE_COLS;  // one row: ACC weight rows per tile; more: TILE_ROWS x TILE_COLS
   const int64_t blocks = (N + step - 1) / step;
   at::parallel_for(0, blocks, M == 1 ? 8 : 16, [&](int64_t b0, int64_t b1) {
     for (int64_t b = b0; b < b1; ++b) {
       const int64_t n = b * step;
       if (n + step <= N) {
         if (M == 1) tile<T, 1, ACC>(x, w + n * K, K, out + n, N);
-        else rows_times_four<T>(x, M, w + n * K, K, out + n, N, n + 2 * step <= N ? w + (n + step) * K : nullptr);
+        else rows_times_cols<T>(x, M, w + n * K, K, out + n, N, n + 2 * step <= N ? w + (n + step) * K : nullptr);
       } else {
         for (int64_t j = n; j < N; ++j)
           for (int64_t m = 0; m < M; ++m) tile<T, 1, 1>(x + m * K, w + j * K, K, out + m * N + j, N);
