@@ -22,7 +22,7 @@ namespace {
 // 16 loads per 12 products).
 #if defined(__AVX512F__)
 using vec = __m512;
-constexpr int LANES = 16, TILE_ROWS = 4, TILE_COLS = 4;
+constexpr int LANES = 16, TILE_ROWS = 4, TILE_COLS = 4, FEW_ROWS_COLS = 4, REGS = 32;
 inline vec vzero() { return _mm512_setzero_ps(); }
 inline vec vset(float v) { return _mm512_set1_ps(v); }
 inline vec vfma(vec a, vec b, vec c) { return _mm512_fmadd_ps(a, b, c); }
@@ -50,7 +50,7 @@ inline vec reduce(const vec* v) {
 }
 #elif defined(__AVX2__) && defined(__FMA__)
 using vec = __m256;
-constexpr int LANES = 8, TILE_ROWS = 4, TILE_COLS = 3;
+constexpr int LANES = 8, TILE_ROWS = 4, TILE_COLS = 3, FEW_ROWS_COLS = 4, REGS = 16;
 inline vec vzero() { return _mm256_setzero_ps(); }
 inline vec vset(float v) { return _mm256_set1_ps(v); }
 inline vec vfma(vec a, vec b, vec c) { return _mm256_fmadd_ps(a, b, c); }
@@ -112,7 +112,7 @@ inline void tile(const T* x, const T* w, int64_t K, float* out, int64_t ldo, con
       _mm_prefetch(reinterpret_cast<const char*>(pf_next), _MM_HINT_T0);
     for (int r = 0; r < R; ++r) {
       vec xv = vload(x + r * K + k);
-      if constexpr (C > 1) in_register(xv);  // one load for its C products
+      if constexpr (C > 1 && R * C + C + 1 <= REGS) in_register(xv);  // one load for its C products
       for (int c = 0; c < C; ++c) acc[r * C + c] = vfma(xv, wv[c], acc[r * C + c]);
     }
   }
@@ -128,43 +128,48 @@ inline void tile(const T* x, const T* w, int64_t K, float* out, int64_t ldo, con
 }
 
 // The last rows of a block when M is not a multiple of TILE_ROWS: one tile of exactly that many rows.
-template <typename T, int R>
+template <typename T, int R, int C>
 inline void last_rows(int64_t rest, const T* x, const T* w, int64_t K, float* out, int64_t ldo, const T* pf, int ppi,
                       int64_t pf_lines) {
   if constexpr (R > 0) {
-    if (rest == R) tile<T, R, TILE_COLS>(x, w, K, out, ldo, pf, ppi, pf_lines);
-    else last_rows<T, R - 1>(rest, x, w, K, out, ldo, pf, ppi, pf_lines);
+    if (rest == R) tile<T, R, C>(x, w, K, out, ldo, pf, ppi, pf_lines);
+    else last_rows<T, R - 1, C>(rest, x, w, K, out, ldo, pf, ppi, pf_lines);
   }
 }
 
-template <typename T>
+template <typename T, int C>
 void rows_times_cols(const T* x, int64_t M, const T* w, int64_t K, float* out, int64_t N, const T* next) {
-  // TILE_COLS weight rows times every input row. While the tiles of this block compute, the next block
-  // (TILE_COLS weight rows, contiguous) is prefetched, spread evenly over all their inner iterations: memory
-  // and arithmetic overlap instead of taking turns.
+  // C weight rows times every input row. While the tiles of this block compute, the next block (C weight rows,
+  // contiguous) is prefetched, spread evenly over all their inner iterations: memory and arithmetic overlap
+  // instead of taking turns.
   constexpr int64_t line = 64 / sizeof(T);
   const int64_t chunks = (M + TILE_ROWS - 1) / TILE_ROWS, iters = K / LANES;
-  const int64_t lines = (TILE_COLS * K + line - 1) / line;  // the next block, exactly
+  const int64_t lines = (C * K + line - 1) / line;  // the next block, exactly
   const int ppi = next == nullptr || iters == 0 ? 0 : static_cast<int>((lines + chunks * iters - 1) / (chunks * iters));
   int64_t m = 0, chunk = 0;
   auto share = [&](int64_t c) { return next == nullptr ? nullptr : next + c * iters * ppi * line; };
   auto left = [&](int64_t c) { return next == nullptr ? int64_t{0} : lines - c * iters * ppi; };
   for (; m + TILE_ROWS <= M; m += TILE_ROWS, ++chunk)
-    tile<T, TILE_ROWS, TILE_COLS>(x + m * K, w, K, out + m * N, N, share(chunk), ppi, left(chunk));
-  last_rows<T, TILE_ROWS - 1>(M - m, x + m * K, w, K, out + m * N, N, share(chunk), ppi, left(chunk));
+    tile<T, TILE_ROWS, C>(x + m * K, w, K, out + m * N, N, share(chunk), ppi, left(chunk));
+  last_rows<T, TILE_ROWS - 1, C>(M - m, x + m * K, w, K, out + m * N, N, share(chunk), ppi, left(chunk));
 }
 
 template <typename T>
 void gemm(const T* x, int64_t M, const T* w, int64_t N, int64_t K, float* out) {
   if (M == 0 || N == 0) return;
-  const int64_t step = M == 1 ? ACC : TILE_COLS;  // one row: ACC weight rows per tile; more: TILE_ROWS x TILE_COLS
+  // one row: ACC weight rows per tile; fewer rows than a tile: FEW_ROWS_COLS weight rows (memory-bound: wider
+  // blocks stream better); more: TILE_ROWS x TILE_COLS tiles (bound by arithmetic: every register used)
+  const bool few = M < TILE_ROWS;
+  const int64_t step = M == 1 ? ACC : (few ? FEW_ROWS_COLS : TILE_COLS);
   const int64_t blocks = (N + step - 1) / step;
   at::parallel_for(0, blocks, M == 1 ? 8 : 16, [&](int64_t b0, int64_t b1) {
     for (int64_t b = b0; b < b1; ++b) {
       const int64_t n = b * step;
       if (n + step <= N) {
         if (M == 1) tile<T, 1, ACC>(x, w + n * K, K, out + n, N);
-        else rows_times_cols<T>(x, M, w + n * K, K, out + n, N, n + 2 * step <= N ? w + (n + step) * K : nullptr);
+        else if (few) rows_times_cols<T, FEW_ROWS_COLS>(x, M, w + n * K, K, out + n, N,
+                                                        n + 2 * step <= N ? w + (n + step) * K : nullptr);
+        else rows_times_cols<T, TILE_COLS>(x, M, w + n * K, K, out + n, N, n + 2 * step <= N ? w + (n + step) * K : nullptr);
       } else {
         for (int64_t j = n; j < N; ++j)
           for (int64_t m = 0; m < M; ++m) tile<T, 1, 1>(x + m * K, w + j * K, K, out + m * N + j, N);
