@@ -8,10 +8,13 @@ Long queries (a prefill) and anything unusual (softcapping, position biases, no 
 function. Registered under :data:`NAME`; :func:`grouped_attention` switches a model to it for one call only,
 so the same model object keeps transformers' own attention everywhere else (e.g. Hugging Face's generate).
 
-A batch of rows (``batching/target.py``) runs as one packed sequence, every row's tree after the other (the
-linear layers see each row's real nodes, not every row padded to the largest tree), and passes :func:`row_runs`:
-runs of rows of similar length and tree size, each attended over its own prefix of the cache (views, no copies)
-with its queries spread on a small padded grid, instead of every row over the longest row's slots.
+On the CPU, every such call (a tree, a batch of trees, a plain step with a mask) runs the decode-attention kernel
+(``kernels/tree_attention.cpp``): queries packed, each over its own row's keys and only those its mask allows, the
+query heads of a group reading their K/V head in place, one call per layer. torch's flash kernel is built for long
+queries and cost ~0.1-0.3 ms per call of a few; the kernel is also row-invariant (a row's outputs do not depend on
+the rows beside it). Elsewhere (GPUs, no compiler, ``DRAFTTREE_KERNELS=0``) a batch of rows (``batching/target.py``)
+runs as one packed sequence through :func:`row_runs`: runs of rows of similar length and tree size, each attended over
+its own prefix of the cache (views, no copies) with its queries spread on a small padded grid.
 """
 
 from __future__ import annotations
@@ -25,6 +28,8 @@ import torch.nn.functional as F
 from transformers import AttentionInterface
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+
+from drafttree import kernels
 
 NAME = "drafttree_grouped_sdpa"
 MAX_FOLDED_QUERY = 128  # longer queries (prefills) use the stock path: a folded mask would cost more than K/V
@@ -47,16 +52,36 @@ class RowRun:
     pad: torch.Tensor | None = None  # the grid's entries no token goes to
 
 
+@dataclass
+class PackedRows:
+    """A forward of one packed sequence over a cache of ``rows`` rows: token t is node ``node[t]`` of row ``row[t]``
+    (its row of the mask), and row r attends over its first ``key_len[r]`` slots."""
+
+    rows: int
+    tokens: int
+    row: torch.Tensor
+    node: torch.Tensor
+    key_len: torch.Tensor
+
+
+def kernel_for(device: torch.device, dtype: torch.dtype):
+    """The decode-attention kernel (``kernels/tree_attention.cpp``) where it runs: CPU, float32/bf16, built."""
+    if device.type != "cpu" or dtype not in (torch.float32, torch.bfloat16) or not kernels.kernels_in_use():
+        return None
+    return kernels.small_gemm()
+
+
 @contextlib.contextmanager
-def row_runs(runs: list[RowRun]):
-    """Inside the block, a forward of one packed sequence over a cache of ``runs[-1].end`` rows attends run by
-    run: each row over its own slots only (its mask allows nothing beyond), queries padded to its run's width."""
-    old = getattr(_local, "runs", None)
-    _local.runs = runs
+def row_runs(runs: list[RowRun] | None, packed: PackedRows | None = None):
+    """Inside the block, a forward of one packed sequence over a cache of rows attends each row over its own slots
+    only (its mask allows nothing beyond): in one kernel call (``packed``, where the kernel runs), else run by run
+    (``runs``), queries padded to the run's width."""
+    old = getattr(_local, "runs", None), getattr(_local, "packed", None)
+    _local.runs, _local.packed = runs, packed
     try:
         yield
     finally:
-        _local.runs = old
+        _local.runs, _local.packed = old
 
 
 def _packed(module, query, key, value, attention_mask, runs: list[RowRun], **kwargs):
@@ -81,9 +106,43 @@ def _packed(module, query, key, value, attention_mask, runs: list[RowRun], **kwa
     return out.unsqueeze(0), None
 
 
+def _kernel_call(module, query, key, value, attention_mask, dropout, kwargs, packed: bool = False):
+    """The kernel, if this call is one it takes (a 4-D additive mask, plain softmax attention, grouped heads; a
+    single sequence's query no longer than a tree: a prefill goes to torch's kernels)."""
+    if (attention_mask is None or dropout or attention_mask.dim() != 4 or attention_mask.shape[1] != 1
+            or any(kwargs.get(k) is not None for k in ("softcap", "position_bias", "s_aux", "sinks"))
+            or key.shape[1] == 0 or query.shape[1] % key.shape[1] or key.stride(-1) != 1 or value.stride(-1) != 1
+            or (query.shape[2] > MAX_FOLDED_QUERY and not packed)
+            or key.dtype != query.dtype or value.dtype != query.dtype):
+        return None
+    return kernel_for(query.device, query.dtype)
+
+
+def _mask_for_kernel(mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    if mask.dtype == torch.bool:
+        return torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill_(~mask, torch.finfo(dtype).min)
+    mask = mask if mask.dtype == dtype else mask.to(dtype)
+    return mask if mask.stride(-1) == 1 else mask.contiguous()
+
+
 def grouped_sdpa(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                  attention_mask: torch.Tensor | None, dropout: float = 0.0, scaling: float | None = None,
                  **kwargs):
+    scale = scaling if scaling is not None else query.shape[-1] ** -0.5
+    packed = getattr(_local, "packed", None)
+    ext = _kernel_call(module, query, key, value, attention_mask, dropout, kwargs, packed is not None)
+    if (ext is not None and packed is not None and query.shape[0] == 1 and key.shape[0] == packed.rows
+            and query.shape[2] == packed.tokens):
+        q = query[0].transpose(0, 1).contiguous()  # [T, H, D], token t of row packed.row[t]
+        out = ext.tree_attention(q, key, value, _mask_for_kernel(attention_mask, query.dtype), packed.row,
+                                 packed.node, packed.key_len, 0, scale)
+        return out.unsqueeze(0), None
+    if ext is not None and packed is None:  # one sequence (or rows side by side): query t of row b is node t
+        B, H, T, D = query.shape
+        q = query.transpose(1, 2).reshape(B * T, H, D).contiguous()
+        out = ext.tree_attention(q, key, value, _mask_for_kernel(attention_mask, query.dtype), _NONE, _NONE, _NONE,
+                                 T, scale)
+        return out.view(B, T, H, D), None
     runs = getattr(_local, "runs", None)
     if runs and query.shape[0] == 1 and key.shape[0] == runs[-1].end and query.shape[2] == runs[-1].t1:
         return _packed(module, query, key, value, attention_mask, runs, dropout=dropout, scaling=scaling, **kwargs)
@@ -111,6 +170,7 @@ def _attend(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, val
     return out.reshape(B, H, T, D).transpose(1, 2).contiguous(), None
 
 
+_NONE = torch.empty(0, dtype=torch.long)  # "not given" for the kernel's optional index tensors
 AttentionInterface.register(NAME, grouped_sdpa)
 AttentionMaskInterface.register(NAME, sdpa_mask)
 

@@ -6,7 +6,7 @@ round packs every row's tree into one sequence (the linear layers see each row's
 writes row r's tree right after its own prefix, slots ``[lens[r], lens[r] + size)``, with per-row 4-D masks
 (past prefix + ancestors) and per-row positions (``lens[r] + depth``), so each row's keys are one contiguous
 prefix of its slots and runs of rows of similar length and tree size attend over their own prefix only
-(``attention.row_runs``), not over the longest row's. Committing
+(the attention kernel, one call per layer; elsewhere ``attention.row_runs``), not over the longest row's. Committing
 moves each row's accepted path to the end of its own prefix (nothing moves when it is a chain from the root),
 so rows of different lengths and accepted lengths share one cache without copies of the past. A newcomer is
 prefilled alone (its own forward) and joins as a new row between rounds.
@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import torch
 
-from drafttree.attention import RowRun, row_runs
+from drafttree.attention import PackedRows, RowRun, kernel_for, row_runs
 from drafttree.cache import GrowingCache
 from drafttree.errors import DraftTreeError
 from drafttree.target import ForwardOutput, TargetModel, run_with_features
@@ -158,8 +158,13 @@ class BatchTarget:
         node = torch.cat([torch.arange(m, device=dev) for m in sizes])
         lens = torch.tensor(self.lens, dtype=torch.long, device=dev)
         self.cache.set_scatter(row[None], (lens[row] + node)[None], max(self.lens) + n)
+        if kernel_for(dev, self.single.dtype) is not None:  # one kernel call per layer over the packed rows
+            runs = None
+            packed = PackedRows(self.rows, len(row), row, node, lens + torch.tensor(sizes, device=dev))
+        else:
+            runs, packed = self._runs(sizes), None
         try:
-            with row_runs(self._runs(sizes)):
+            with row_runs(runs, packed):
                 out, aux = run_with_features(self.model, self.feature_layers, input_ids=tokens, attention_mask=mask,
                                              position_ids=positions[row, node][None],
                                              past_key_values=self.cache, use_cache=True)

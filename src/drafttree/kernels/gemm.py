@@ -10,6 +10,8 @@ used only where it applies: CPU with AVX-512 or AVX2 + FMA (the vector width is 
 float32/bf16, no autograd, at most :data:`MAX_ROWS` rows, and only inside :func:`fast_linears` blocks, so the
 same model object runs torch's own kernels everywhere else (e.g. Hugging Face's ``generate``, our ``hf-ar``
 baseline). ``DRAFTTREE_KERNELS=0`` turns it off; any build problem is one warning line and torch from then on.
+The same extension holds the decode-attention kernel (``tree_attention.cpp``, used by ``attention.py``); both share
+the vector backend of ``simd.h``.
 """
 
 from __future__ import annotations
@@ -36,6 +38,8 @@ from drafttree.paths import cache_dir
 # before the tiles' inner loop was unrolled; not measured there since.
 MAX_ROWS = 64
 SOURCE = Path(__file__).with_name("small_gemm.cpp")
+# the extension: the GEMM (and the module), decode attention, and the vector backend they share
+SOURCES = (SOURCE, SOURCE.with_name("tree_attention.cpp"), SOURCE.with_name("simd.h"))
 _DTYPES = (torch.float32, torch.bfloat16)
 
 _lock = threading.Lock()
@@ -89,13 +93,14 @@ def small_gemm():
 def _build():
     from torch.utils.cpp_extension import load
 
-    source = SOURCE.read_bytes()
+    source = b"".join(p.read_bytes() for p in SOURCES)
     key = hashlib.sha256(source + torch.__version__.encode() + _cpu_flags().encode() + sys.version.encode())
     build = cache_dir() / "kernels" / key.hexdigest()[:16]
     build.mkdir(parents=True, exist_ok=True)
     if not any(build.glob("*.so")):
         print("drafttree: building the small-GEMM CPU kernel (once per machine, ~1 min)", file=sys.stderr)
-    return load(name="drafttree_small_gemm", sources=[str(SOURCE)], build_directory=str(build),
+    return load(name="drafttree_small_gemm", sources=[str(p) for p in SOURCES if p.suffix == ".cpp"],
+                build_directory=str(build),
                 extra_cflags=["-O3", "-march=native", "-fopenmp"], extra_ldflags=["-fopenmp"], verbose=False)
 
 
@@ -108,7 +113,7 @@ def kernel_key() -> str:
 
 @functools.cache
 def _source_hash() -> str:
-    return hashlib.sha256(SOURCE.read_bytes()).hexdigest()[:8]
+    return hashlib.sha256(b"".join(p.read_bytes() for p in SOURCES)).hexdigest()[:8]
 
 
 def kernels_in_use() -> bool:
@@ -169,7 +174,8 @@ def fast_linears(model: torch.nn.Module) -> Iterator[None]:
 
 @contextlib.contextmanager
 def torch_linears() -> Iterator[None]:
-    """Inside the block :func:`fast_linears` is inert: torch's kernels, for side-by-side measurements."""
+    """Inside the block :func:`fast_linears` is inert and attention takes torch's path too (``attention.kernel_for``):
+    torch's kernels only, for side-by-side measurements."""
     _active.off = getattr(_active, "off", 0) + 1
     try:
         yield

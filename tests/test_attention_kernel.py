@@ -1,0 +1,149 @@
+"""The decode-attention CPU kernel: right against a float64 softmax, row-invariant, blind to masked keys."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from drafttree.attention import grouped_attention
+from drafttree.kernels import kernel_status, small_gemm, torch_linears
+
+ext = small_gemm()
+needs_kernel = pytest.mark.skipif(ext is None, reason=f"small-GEMM kernel {kernel_status()}")
+NONE = torch.empty(0, dtype=torch.long)
+MIN = torch.finfo(torch.float32).min
+
+
+def reference(q, k, v, mask, row, node, key_len, scale, groups):
+    """softmax(q k^T * scale + mask) v in float64, query by query, over each row's first key_len keys."""
+    out = torch.empty(q.shape, dtype=torch.float64)
+    for t in range(q.shape[0]):
+        b, i, n = int(row[t]), int(node[t]), int(key_len[int(row[t])])
+        for h in range(q.shape[1]):
+            kv = h // groups
+            m = mask[b, 0, i, :n].double()
+            s = (k[b, kv, :n].double() @ q[t, h].double()) * scale + m
+            s[m <= MIN] = -float("inf")
+            out[t, h] = torch.softmax(s, 0) @ v[b, kv, :n].double()
+    return out
+
+
+def packed_case(dtype, D=64, groups=3, kv_heads=3, sizes=(1, 4, 2, 1, 3), seed=0):
+    """Rows of different lengths, each with a small tree (a chain and a fork) after its prefix; spare slots filled
+    with garbage that the masks exclude."""
+    g = torch.Generator().manual_seed(seed)
+    B, n = len(sizes), max(sizes)
+    lens = torch.randint(5, 40, (B,), generator=g)
+    slots = int((lens + n).max()) + 7
+    k = torch.randn(B + 2, kv_heads, slots + 9, D, generator=g)[:B, :, :slots].to(dtype)  # strided views, as a cache
+    v = torch.randn(B + 2, kv_heads, slots + 9, D, generator=g)[:B, :, :slots].to(dtype)
+    mask = torch.full((B, 1, n, slots), MIN)
+    for b, m in enumerate(sizes):
+        mask[b, 0, :, : lens[b]] = 0
+        for i in range(m):
+            anc = [0] + ([1] if i >= 2 and i % 2 == 0 else []) + [i]  # node 2 hangs under 1, others under the root
+            mask[b, 0, i, [int(lens[b]) + a for a in anc]] = 0
+    row = torch.repeat_interleave(torch.arange(B), torch.tensor(sizes))
+    node = torch.cat([torch.arange(m) for m in sizes])
+    q = torch.randn(len(row), kv_heads * groups, D, generator=g).to(dtype)
+    key_len = lens + torch.tensor(sizes)
+    return q, k, v, mask.to(dtype), row, node, key_len, D**-0.5, groups
+
+
+@needs_kernel
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("D,groups,kv_heads", [(64, 3, 3), (128, 2, 2), (12, 1, 2), (40, 4, 1)])
+def test_matches_a_float64_softmax(dtype, D, groups, kv_heads):
+    q, k, v, mask, row, node, key_len, scale, groups = packed_case(dtype, D, groups, kv_heads)
+    got = ext.tree_attention(q, k, v, mask, row, node, key_len, 0, scale)
+    ref = reference(q, k, v, mask, row, node, key_len, scale, groups)
+    assert got.dtype == dtype and got.shape == q.shape
+    tol = 2e-6 if dtype == torch.float32 else 1e-2
+    torch.testing.assert_close(got.double(), ref, rtol=tol, atol=tol)
+
+
+@needs_kernel
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_a_row_alone_gives_bitwise_what_it_gives_in_a_batch(dtype):
+    q, k, v, mask, row, node, key_len, scale, _ = packed_case(dtype)
+    together = ext.tree_attention(q, k, v, mask, row, node, key_len, 0, scale)
+    for b in range(k.shape[0]):
+        sel = row == b
+        n = int(key_len[b])
+        alone = ext.tree_attention(q[sel].contiguous(), k[b:b + 1, :, :n], v[b:b + 1, :, :n],
+                                   mask[b:b + 1, :, :, :n].contiguous(), NONE, NONE, NONE, int(sel.sum()), scale)
+        assert torch.equal(alone, together[sel])
+
+
+@needs_kernel
+def test_masked_and_out_of_range_keys_are_never_read():
+    q, k, v, mask, row, node, key_len, scale, _ = packed_case(torch.float32)
+    before = ext.tree_attention(q, k, v, mask, row, node, key_len, 0, scale)
+    k2, v2 = k.clone(), v.clone()
+    for b in range(k.shape[0]):  # garbage in every slot the masks exclude or beyond each row's keys
+        excluded = mask[b, 0].max(0).values <= MIN
+        excluded[int(key_len[b]):] = True
+        k2[b, :, excluded] = float("nan")
+        v2[b, :, excluded] = float("inf")
+    assert torch.equal(ext.tree_attention(q, k2, v2, mask, row, node, key_len, 0, scale), before)
+
+
+@needs_kernel
+def test_bad_arguments_raise_one_line_errors():
+    q, k, v, mask, row, node, key_len, scale, _ = packed_case(torch.float32)
+    with pytest.raises(RuntimeError, match="query out of range"):
+        ext.tree_attention(q, k, v, mask, row + 10, node, key_len, 0, scale)
+    with pytest.raises(RuntimeError, match="key_len"):
+        ext.tree_attention(q, k, v, mask, row, node, key_len + 1000, 0, scale)
+    with pytest.raises(RuntimeError, match="share a dtype"):
+        ext.tree_attention(q.double(), k, v, mask, row, node, key_len, 0, scale)
+
+
+@needs_kernel
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "gemma3"])
+def test_tree_forward_with_the_kernel_matches_torch_attention(arch, monkeypatch):
+    """A stock model's tree forward (4-D mask, grouped heads; gemma3: sliding window) through the kernel gives
+    torch's attention's logits."""
+    from conftest import tiny_causal_lm
+
+    from drafttree import attention
+    from drafttree.target import tree_attention_mask
+
+    calls = []
+
+    class Counting:
+        def tree_attention(self, *args):
+            calls.append(args[0].shape)
+            return ext.tree_attention(*args)
+
+    real = attention.kernel_for
+    monkeypatch.setattr(attention, "kernel_for", lambda d, t: None if real(d, t) is None else Counting())
+
+    model = tiny_causal_lm(arch)
+    ids = torch.randint(2, 60, (1, 20))
+    parents = [-1, 0, 0, 1, 2, 3]
+    n = len(parents)
+    attend = torch.zeros(n, n, dtype=torch.bool)
+    depth = torch.zeros(n, dtype=torch.long)
+    for i, p in enumerate(parents):
+        if p >= 0:
+            attend[i] = attend[p]
+            depth[i] = depth[p] + 1
+        attend[i, i] = True
+    ids_tree = torch.randint(2, 60, (1, n))
+    mask = tree_attention_mask(attend, ids.shape[1], torch.float32)
+    pos = (ids.shape[1] + depth)[None]
+
+    def logits(use_kernel: bool):
+        with torch.inference_mode():
+            past = model(ids, use_cache=True).past_key_values
+            with grouped_attention(model):
+                if use_kernel:
+                    return model(ids_tree, attention_mask=mask, position_ids=pos, past_key_values=past).logits
+                with torch_linears():
+                    return model(ids_tree, attention_mask=mask, position_ids=pos, past_key_values=past).logits
+
+    with_kernel = logits(True)
+    assert len(calls) == model.config.num_hidden_layers  # every layer's attention went through the kernel
+    torch.testing.assert_close(with_kernel, logits(False), rtol=1e-5, atol=1e-5)
+    assert len(calls) == model.config.num_hidden_layers
