@@ -43,8 +43,12 @@ class CostModel:
 
     def verify_many(self, ns: torch.Tensor) -> torch.Tensor:
         """:meth:`verify` of every size in ``ns`` at once (float64)."""
-        xs = torch.tensor(self.sizes, dtype=torch.float64)
-        ys = torch.tensor(self.seconds, dtype=torch.float64)
+        cached = self.__dict__.get("_curve")
+        if cached is None or cached[0] != (self.sizes, self.seconds):  # tensors of the curve, made once
+            cached = ((list(self.sizes), list(self.seconds)), torch.tensor(self.sizes, dtype=torch.float64),
+                      torch.tensor(self.seconds, dtype=torch.float64))
+            self.__dict__["_curve"] = cached
+        _, xs, ys = cached
         n = ns.to(torch.float64)
         i = torch.searchsorted(xs, n).clamp(1, len(xs) - 1)
         x0, x1, y0, y1 = xs[i - 1], xs[i], ys[i - 1], ys[i]

@@ -202,6 +202,10 @@ class HybridDrafter(Drafter):
                 continue
             rc.earlier.append(prop)
             merged.add(prop, limit)
+        if len(merged.tokens) == 1:  # nothing proposed: plain decoding this round, nothing to learn from it
+            self._round = (merged, [0], ran) if ran else None
+            req.info.update(tree_tokens=1, depth=0, sources=[])
+            return DraftTree.root_only(req.root)
         keep = merged.best(self._size(merged, spent, req.cost))
         tokens = torch.tensor([merged.tokens[i] for i in keep], dtype=torch.long)
         pos = {node: j for j, node in enumerate(keep)}

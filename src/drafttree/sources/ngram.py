@@ -38,8 +38,18 @@ def ngram_prior() -> torch.Tensor:
     return out.reshape(-1)
 
 
+def _table(edges: tuple[int, ...]) -> list[int]:
+    """The bucket of every value up to the last edge (larger values share the last bucket)."""
+    return [_bucket(x, edges) for x in range(edges[-1] + 1)]
+
+
+_MATCH, _COUNT, _DEPTH = _table(MATCH_BUCKETS), _table(COUNT_BUCKETS), _table(DEPTH_BUCKETS)
+
+
 def cell(match: int, count: int, depth: int) -> int:
-    m, c, d = _bucket(match, MATCH_BUCKETS), _bucket(count, COUNT_BUCKETS), _bucket(depth, DEPTH_BUCKETS)
+    m = _MATCH[min(match, len(_MATCH) - 1)]
+    c = _COUNT[min(count, len(_COUNT) - 1)]
+    d = _DEPTH[min(depth, len(_DEPTH) - 1)]
     return (m * len(COUNT_BUCKETS) + c) * len(DEPTH_BUCKETS) + d
 
 
