@@ -78,3 +78,24 @@ def test_cost_curves_price_many_sizes_as_one_at_a_time():
     for cost in (curve, BatchShare(curve, 0, 1), BatchShare(curve, 15, 16), BatchShare(curve, 40, 9)):
         many = cost.verify_many(ns).tolist()
         assert many == pytest.approx([cost.verify(int(n)) for n in ns], rel=1e-12, abs=1e-12)
+
+
+def test_in_a_batch_a_node_must_beat_the_batchs_rate_not_its_rows():
+    """Every row waits for the whole round: a node adding 3% to a 16-row forward must be worth 3% of the round's
+    tokens. Alone, a 40% node pays (a 2-token forward costs 1.05 single steps); in the batch it must not be verified,
+    while a 90% one still is. Expectations computed by hand from the curve, not by budget code."""
+    import math
+
+    import torch
+
+    from drafttree.budget import BatchShare, CostModel, TreeBudget
+
+    curve = CostModel([1, 2, 16, 17, 18], [1.0, 1.05, 1.6, 1.65, 1.7])  # past 16 tokens: 0.05 per extra token
+    budget = TreeBudget(curve, max_total=8, min_total=1)
+    for p, alone, batched in ((0.4, 2, 1), (0.9, 2, 2)):
+        scores = torch.tensor([math.log(p)], dtype=torch.float64)
+        budget.cost = curve
+        assert budget.choose_total(scores, 0.0) == alone
+        # 15 other rows, one token each last round: (16 + p) / 1.65 beats 16 / 1.6 only when p > 16 * 0.05 / 1.6 = 0.5
+        budget.cost = BatchShare(curve, 15, 16, others_tokens=15.0)
+        assert budget.choose_total(scores, 0.0) == batched

@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
+import math
 import sys
 import time
 from dataclasses import dataclass, field
@@ -61,26 +62,27 @@ class CostModel:
 
 @dataclass
 class BatchShare:
-    """What one row of a batched forward is charged: the marginal cost of its ``n`` tokens on top of the other
-    rows' ``others`` tokens, plus an equal share of what those cost. A row that maximises its own tokens per
-    charged second then adds a node only where it pays for the whole batch, so trees shrink as the batch grows
-    (on a GPU, where the curve is flat, they hardly shrink)."""
+    """What one row of a batched forward weighs its tree against: the whole round. Every row waits for the round, so
+    a row's extra node is worth its expected tokens against the time it adds for all rows; the row maximises the
+    batch's tokens per second, (its tokens + ``others_tokens``) / the forward over its ``n`` tokens on top of the
+    other rows' ``others`` tokens. Trees shrink as the batch grows (a node must beat the batch's own rate, not the
+    row's) and, on a GPU where the curve is flat, hardly at all. ``extra_tokens`` is what budgets add to a row's
+    expected tokens (0 for a lone sequence's :class:`CostModel`)."""
 
     base: CostModel
     others: int
     rows: int
+    others_tokens: float = 0.0  # tokens the other rows are expected to commit this round (their roots at least)
+
+    @property
+    def extra_tokens(self) -> float:
+        return self.others_tokens
 
     def verify(self, n: int) -> float:
-        if self.others <= 0:
-            return self.base.verify(n)
-        shared = self.base.verify(self.others)
-        return self.base.verify(self.others + n) - shared + shared / max(1, self.rows)
+        return self.base.verify(self.others + n)
 
     def verify_many(self, ns: torch.Tensor) -> torch.Tensor:
-        if self.others <= 0:
-            return self.base.verify_many(ns)
-        shared = self.base.verify(self.others)
-        return self.base.verify_many(ns + self.others) - shared + shared / max(1, self.rows)
+        return self.base.verify_many(ns + self.others)
 
 
 CURVE_VERSION = "3"  # bump when the verify path changes cost (2: grouped tree attention, 3: small-GEMM kernel)
@@ -190,18 +192,26 @@ class TreeBudget:
     def expected_tokens(self, sorted_scores: torch.Tensor, n_nodes: int) -> float:
         return 1.0 + self.calibration * float(sorted_scores[:n_nodes].exp().sum())
 
-    def choose_total(self, sorted_scores: torch.Tensor, draft_seconds: float) -> int:
-        """Best number of tree tokens (root included) given the candidates' scores, best first."""
-        m = min(int(sorted_scores.numel()), self.max_total - 1)
+    def choose_total(self, sorted_scores: torch.Tensor | list[float], draft_seconds: float) -> int:
+        """Best number of tree tokens (root included) given the candidates' scores, best first.
+
+        Plain floats: it runs once per row per round, on a few dozen candidates at most, where tensor ops would
+        cost more than the arithmetic."""
+        if isinstance(sorted_scores, torch.Tensor):
+            sorted_scores = sorted_scores.tolist()
+        m = min(len(sorted_scores), self.max_total - 1)
         if m <= 0:
             return 1
-        gains = 1.0 + self.calibration * torch.cumsum(sorted_scores[:m].exp().double(), 0)
-        sizes = torch.arange(2, m + 2)
-        costs = self.cost.verify_many(sizes)
-        rate = gains / (draft_seconds + self.overhead + costs)
-        best = int(rate.argmax()) + 2
-        base_rate = 1.0 / (draft_seconds + self.overhead + self.cost.verify(1))
-        if float(rate.max()) <= base_rate:
+        extra = getattr(self.cost, "extra_tokens", 0.0)  # a batch: the other rows' tokens of the same round
+        fixed = draft_seconds + self.overhead
+        base_rate = (1.0 + extra) / (fixed + self.cost.verify(1))
+        gains, best, best_rate = 1.0 + extra, 0, -1.0
+        for i in range(m):
+            gains += self.calibration * math.exp(sorted_scores[i])
+            rate = gains / (fixed + self.cost.verify(i + 2))
+            if rate > best_rate:
+                best, best_rate = i + 2, rate
+        if best_rate <= base_rate:
             return max(1, min(self.min_total, m + 1))
         return max(best, min(self.min_total, m + 1))
 
@@ -210,7 +220,7 @@ class TreeBudget:
         """Expanding one more level adds at most c * sum(exp(frontier)) expected tokens for one more drafter
         call; go on only if that beats the current expected rate."""
         k = min(int(best_scores.numel()), self.max_total - 1)
-        e_now = self.expected_tokens(best_scores, k)
+        e_now = self.expected_tokens(best_scores, k) + getattr(self.cost, "extra_tokens", 0.0)
         t_now = draft_seconds + self.overhead + self.cost.verify(k + 1)
         gain = self.calibration * float(frontier_scores.exp().sum())
         t_next = t_now + level_seconds

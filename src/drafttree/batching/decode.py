@@ -123,6 +123,8 @@ class BatchDecoder:
         rows, tgt = self.active, self.target
         sizes = [s.last_tree for s in rows]
         total = sum(sizes)
+        committed = [s.stats.accept_lengths[-1] for s in rows]  # each row's tokens last round: this round's guess
+        all_committed = sum(committed)
         trees, draft_times = [], []
         drafting = self.policy.choose(len(rows))
         for i, seq in enumerate(rows):
@@ -133,7 +135,8 @@ class BatchDecoder:
                 continue
             # seeded rows size trees as if alone: their output must not depend on who else is being served
             batched = self.cost is not None and len(rows) > 1 and not seq.reproducible
-            cost = BatchShare(self.cost, total - sizes[i], len(rows)) if batched else None
+            cost = (BatchShare(self.cost, total - sizes[i], len(rows), float(all_committed - committed[i]))
+                    if batched else None)
             depth = min(seq.max_new_tokens - seq.stats.new_tokens - 1, tgt.max_positions - tgt.lens[i] - 2)
             req = DraftRequest(seq.context, seq.root, max(0, depth), seq.sampling, seq.generator,
                                reproducible=seq.reproducible, cost=cost)

@@ -1,9 +1,9 @@
 """Whether a batched round drafts at all.
 
 The default, :class:`AlwaysDraft`, leaves it to each row: every row's drafter sizes its own tree on its
-:class:`~drafttree.budget.BatchShare` of the forward (the marginal cost of its nodes on top of the other rows'
-plus a share of theirs), so a node is verified only where it pays for the whole batch and a row whose drafts do
-not pay verifies its root alone; in a batch a hybrid drafter uses only its free sources (context n-grams), so
+:class:`~drafttree.budget.BatchShare` (the batch's tokens per second: its tokens and the other rows' over the
+round's forward), so a node is verified only where it pays for the whole batch and a row whose drafts do not pay
+verifies its root alone; in a batch a hybrid drafter uses only its free sources (context n-grams), so
 rows do not each pay a head's or a draft LM's forward against one shared forward.
 
 :class:`DraftOrPlain` is the alternative that measures: per batch-size bucket, the tokens per second of rounds

@@ -166,7 +166,7 @@ class HybridDrafter(Drafter):
     def _size(self, merged: MergedTree, spent: float, cost=None) -> int:
         if self.total_tokens is not None:
             return min(int(self.total_tokens), len(merged.tokens))
-        scores = torch.tensor(sorted(merged.scores[1:], reverse=True), dtype=torch.float64)
+        scores = sorted(merged.scores[1:], reverse=True)
         self.budget.cost = cost if cost is not None else self.base_cost
         return self.budget.choose_total(scores, spent * self.base_cost.verify(1))
 
@@ -180,8 +180,8 @@ class HybridDrafter(Drafter):
         merged = MergedTree(req.root)
         ran: list[tuple[int, int, float]] = []  # (source, situation, cost) of the costly sources that drafted
         spent = 0.0
-        # in a batch a row's share of the forward is cheaper than a forward alone, so drafting weighs more
-        scale = 1.0
+        # in a batch drafting delays the whole round: its cost is counted in rounds, against every row's tokens
+        scale, extra = 1.0, float(getattr(req.cost, "extra_tokens", 0.0))
         if req.cost is not None and self.base_cost is not None:
             scale = self.base_cost.verify(1) / max(1e-12, req.cost.verify(1))
         for i, (src, gate) in enumerate(zip(self.sources, self.gates)):
@@ -197,7 +197,7 @@ class HybridDrafter(Drafter):
                 else:
                     cost = (1 + (prop.cands.levels if prop is not None else 0)) * src.cost
                 spent += cost
-                ran.append((i, sit, cost * scale))
+                ran.append((i, sit, cost * scale, extra))
             if prop is None:
                 continue
             rc.earlier.append(prop)
@@ -246,9 +246,9 @@ class HybridDrafter(Drafter):
             for s in owners:
                 self.source_accepts[s] += 1
         accepted = len(path)
-        for i, sit, cost in ran:
+        for i, sit, cost, extra in ran:
             alone = sum(1 for owners in owners_on_path if owners == {i})
-            self.gates[i].record(sit, float(alone), cost, float(accepted - alone))
+            self.gates[i].record(sit, float(alone), cost, float(accepted - alone) + extra)
 
 
 class SwitchDrafter(Drafter):
