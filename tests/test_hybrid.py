@@ -388,3 +388,31 @@ def test_exact_distribution_enumerates_every_sequence():
             logits = target(torch.tensor([PROMPT + prefix])).logits[0, -1].double().numpy()
             p *= reference_warp(logits[None], Sampling(1.0))[0, tok]
     assert d[a, b, c] == pytest.approx(p, rel=1e-5)
+
+
+@pytest.mark.parametrize("others,extra", [(15, 15.0), (3, 4.5), (40, 60.0), (30, 20.0)])
+def test_a_batch_bar_skips_only_trees_that_cannot_pay(others, extra):
+    """Below the bar no tree of nodes estimated at p or less is chosen by the budget, whatever its shape; just above
+    it some tree is. And the n-gram source drafts nothing when its best first token is estimated below the bar."""
+    import math
+
+    from drafttree.budget import BatchShare, CostModel, TreeBudget
+    from drafttree.sources.ngram import NgramSource
+
+    curve = CostModel([1, 2, 4, 8, 16, 32, 64], [1.0, 1.02, 1.08, 1.15, 1.6, 2.6, 4.4])  # concave, then steep
+    budget = TreeBudget(curve, max_total=16, min_total=1)
+    hd = HybridDrafter([NgramSource()], budget=budget)
+    share = BatchShare(curve, others, 16, others_tokens=extra)
+    bar = hd._bar(share)
+    assert bar > 0 and hd._bar(None) == 0.0
+    budget.cost = share
+    for n in range(1, 16):
+        assert budget.choose_total([math.log(min(1.0, bar * 0.999))] * n, 0.0) == 1
+    if bar * 1.01 <= 1:  # (a bar above 1: even certain nodes cannot pay for this batch's forward)
+        assert max(budget.choose_total([math.log(bar * 1.01)] * n, 0.0) for n in range(1, 16)) > 1
+
+    src = NgramSource()
+    ctx = [5, 6, 7, 8, 5, 6, 7, 8, 5, 6, 7]  # "5 6 7" followed by 8 twice: a strong first token
+    first = src.calibration.rate_of(src.propose(RoundContext(ctx, 7, 4, Sampling(), []), 0).cells[0].item())
+    assert src.propose(RoundContext(ctx, 7, 4, Sampling(), [], min_accept=first * 0.99), 0) is not None
+    assert src.propose(RoundContext(ctx, 7, 4, Sampling(), [], min_accept=first * 1.01), 0) is None

@@ -85,6 +85,22 @@ class BatchShare:
         return self.base.verify_many(ns + self.others)
 
 
+_SLOPES: dict[tuple, float] = {}
+
+
+def least_slope(cost, n_max: int) -> float:
+    """min over n = 1..n_max of (verify(1 + n) - verify(1)) / n: the cheapest a token can come in a tree of up
+    to n_max nodes on top of the root (memoised per curve and batch: it is asked once per row per round)."""
+    base = getattr(cost, "base", cost)
+    key = (tuple(base.sizes), tuple(base.seconds), getattr(cost, "others", 0), n_max)
+    if key not in _SLOPES:
+        if len(_SLOPES) > 4096:
+            _SLOPES.clear()
+        v1 = cost.verify(1)
+        _SLOPES[key] = min((cost.verify(1 + n) - v1) / n for n in range(1, max(2, n_max + 1)))
+    return _SLOPES[key]
+
+
 CURVE_VERSION = "3"  # bump when the verify path changes cost (2: grouped tree attention, 3: small-GEMM kernel)
 
 

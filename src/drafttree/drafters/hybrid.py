@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import torch
 
+from drafttree.budget import least_slope
 from drafttree.drafters.base import Drafter, DraftRequest
 from drafttree.sources.base import CandidateSource, Proposal, RoundContext
 from drafttree.tree import DraftTree
@@ -170,12 +171,22 @@ class HybridDrafter(Drafter):
         self.budget.cost = cost if cost is not None else self.base_cost
         return self.budget.choose_total(scores, spent * self.base_cost.verify(1))
 
+    def _bar(self, cost) -> float:
+        """In a batch, the acceptance below which no tree can pay this round: a tree of n nodes, none estimated
+        above p, adds at most n * p tokens for the forward's cost of n more tokens; the lowest p at which some n
+        could pay (the budget's own rule, with no drafting time: the free sources draft in batches). 0 alone."""
+        b = self.budget
+        if cost is None or b is None or self.total_tokens is not None or b.calibration <= 0:
+            return 0.0
+        tokens = 1.0 + getattr(cost, "extra_tokens", 0.0)
+        return tokens * least_slope(cost, b.max_total - 1) / (b.calibration * (b.overhead + cost.verify(1)))
+
     def propose(self, req: DraftRequest) -> DraftTree:
         if self._fresh:
             self._start_generation(req.reproducible, req.sampling.greedy)
         if req.max_depth <= 0:
             return DraftTree.root_only(req.root)
-        rc = RoundContext(req.context, req.root, req.max_depth, req.sampling, [])
+        rc = RoundContext(req.context, req.root, req.max_depth, req.sampling, [], self._bar(req.cost))
         limit = self.total_tokens if self.total_tokens is not None else self.budget.max_total
         merged = MergedTree(req.root)
         ran: list[tuple[int, int, float]] = []  # (source, situation, cost) of the costly sources that drafted

@@ -33,6 +33,11 @@ class Calibration:
         r = (self.hits[c] + self.strength * self.prior[c]) / (self.trials[c] + self.strength)
         return r.clamp(self.floor, 1.0).float().to(cells.device)
 
+    def rate_of(self, cell: int) -> float:
+        """:meth:`rate` of one cell, as a float (no tensor ops on a hot path)."""
+        hits, trials, prior = float(self.hits[cell]), float(self.trials[cell]), float(self.prior[cell])
+        return min(1.0, max(self.floor, (hits + self.strength * prior) / (trials + self.strength)))
+
     def logp(self, cells: torch.Tensor) -> torch.Tensor:
         return self.rate(cells).log()
 
@@ -76,6 +81,8 @@ class RoundContext:
     max_depth: int
     sampling: Sampling
     earlier: list[Proposal]
+    # no tree whose best first node is estimated below this can pay this round (a batch's bar); 0: no bar
+    min_accept: float = 0.0
 
 
 class CandidateSource(Protocol):

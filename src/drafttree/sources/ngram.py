@@ -126,7 +126,16 @@ class NgramSource:
         counts: list[int] = []
         matches: list[int] = []
         depths: list[int] = []
-        for p, m in self.index.matches(self.max_candidates):
+        found = self.index.matches(self.max_candidates)
+        if rc.min_accept > 0 and found:  # every node scores at most its first token: is any first token good enough?
+            first: dict[int, tuple[int, int]] = {}
+            for p, m in found:
+                if p < len(toks):
+                    c, best = first.get(toks[p], (0, 0))
+                    first[toks[p]] = (c + 1, max(best, m))
+            if max((self.calibration.rate_of(cell(m, c, 1)) for c, m in first.values()), default=0.0) < rc.min_accept:
+                return None
+        for p, m in found:
             node = -1
             for d, tok in enumerate(toks[p:p + k]):
                 key = (node, tok)
