@@ -140,3 +140,18 @@ def test_cli_calibrate_prints_the_cached_curve(capsys):
     assert sizes[0] == 1 and sizes == sorted(sizes) and len(sizes) >= 6
     assert [float(r[2]) for r in rows][0] == 1.0
     assert out.split(": ", 1)[1].splitlines()[0].endswith(".json")
+
+
+def test_verbose_summary_of_rounds_with_numbers_and_lists(capsys):
+    """`generate --verbose` (what `make demo` prints): numeric per-round notes are averaged, lists (the sources behind
+    each tree) counted."""
+    from types import SimpleNamespace
+
+    from drafttree.cli import _print_verbose
+    from drafttree.decode import DecodeStats
+
+    st = DecodeStats(wall_time=1.0, tree_sizes=[3, 1], accept_lengths=[2, 1],
+                     rounds=[{"depth": 2, "sources": ["head", "ngram"]}, {"depth": 0, "sources": []}])
+    _print_verbose(SimpleNamespace(stats=st))
+    err = capsys.readouterr().err
+    assert "depth mean 1.00 (first 2, last 0)" in err and "sources head 1, ngram 1" in err

@@ -15,6 +15,7 @@ import json
 import os
 import sys
 import time
+from collections import Counter
 
 from drafttree.errors import DraftTreeError
 
@@ -136,7 +137,11 @@ def _print_verbose(res) -> None:
         parts = []
         for k in keys:
             vals = [r[k] for r in s.rounds if k in r]
-            parts.append(f"{k} mean {sum(vals) / len(vals):.2f} (first {vals[0]}, last {vals[-1]})")
+            if all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in vals):
+                parts.append(f"{k} mean {sum(vals) / len(vals):.2f} (first {vals[0]}, last {vals[-1]})")
+            else:  # e.g. the sources behind each round's tree: how many rounds each appeared in
+                counts = Counter(x for v in vals for x in (v if isinstance(v, (list, tuple, set)) else [v]))
+                parts.append(f"{k} " + (", ".join(f"{x} {n}" for x, n in counts.most_common()) or "none"))
         print("  per round: " + "; ".join(parts), file=sys.stderr)
 
 
