@@ -118,9 +118,15 @@ def _kernel_call(module, query, key, value, attention_mask, dropout, kwargs, pac
     return kernel_for(query.device, query.dtype)
 
 
+def _additive(mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """A boolean mask as an additive one (0 allowed, the dtype's minimum elsewhere); an additive one as it is."""
+    if mask.dtype != torch.bool:
+        return mask
+    return torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill_(~mask, torch.finfo(dtype).min)
+
+
 def _mask_for_kernel(mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    if mask.dtype == torch.bool:
-        return torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill_(~mask, torch.finfo(dtype).min)
+    mask = _additive(mask, dtype)
     mask = mask if mask.dtype == dtype else mask.to(dtype)
     return mask if mask.stride(-1) == 1 else mask.contiguous()
 
@@ -162,8 +168,7 @@ def _attend(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, val
     hkv, L = key.shape[1], key.shape[2]
     q = query.reshape(B, hkv, groups * T, D)  # query head h = kv * groups + g, as repeat_kv pairs them
     mask = attention_mask[:, :, :, :L]
-    if mask.dtype == torch.bool:
-        mask = torch.zeros_like(mask, dtype=query.dtype).masked_fill_(~mask, torch.finfo(query.dtype).min)
+    mask = _additive(mask, query.dtype)
     mask = mask.unsqueeze(2).expand(mask.shape[0], mask.shape[1], groups, T, L).reshape(mask.shape[0], mask.shape[1],
                                                                                          groups * T, L)
     out = F.scaled_dot_product_attention(q, key, value, attn_mask=mask, scale=scaling)
