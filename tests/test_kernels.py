@@ -6,7 +6,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from drafttree.kernels import MAX_ROWS, fast_linears, gemm, kernel_status, small_gemm
+from drafttree.kernels import MAX_ROWS, fast_linears, gemm, kernel_status, layers, small_gemm
 
 ext = small_gemm()
 needs_kernel = pytest.mark.skipif(ext is None, reason=f"small-GEMM kernel {kernel_status()}")
@@ -91,3 +91,148 @@ def test_empty_inputs_and_a_model_that_still_pickles():
     x = torch.randn(3, 32)
     with torch.no_grad():
         assert torch.equal(again(x), model(x))
+
+
+@needs_kernel
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("rows", [1, 3, 16])
+def test_several_products_in_one_call_equal_each_product_alone(dtype, rows):
+    g = torch.Generator().manual_seed(rows)
+    x = torch.randn(rows, 203, generator=g).to(dtype)
+    ws = [torch.randn(n, 203, generator=g).to(dtype) for n in (50, 17, 17)]
+    bs = [torch.randn(50, generator=g).to(dtype), None, torch.randn(17, generator=g).to(dtype)]
+    outs = ext.linears(x, ws, bs)
+    for out, w, b in zip(outs, ws, bs, strict=True):
+        assert torch.equal(out, ext.linear(x, w, b))
+
+
+class _Attention(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.q_proj, self.k_proj, self.v_proj = (torch.nn.Linear(24, n, bias=n != 8) for n in (16, 8, 8))
+
+
+@needs_kernel
+def test_layers_sharing_an_input_give_what_each_gives_alone_in_any_order():
+    """q/k/v are computed in one call on the first of them; any order, input or repeat still gets its own product."""
+    torch.manual_seed(0)
+    attn = _Attention()
+    names = ("q_proj", "k_proj", "v_proj")
+    x, y = torch.randn(3, 24), torch.randn(3, 24)
+
+    def alone(name, inp):
+        layer = getattr(attn, name)
+        return ext.linear(inp, layer.weight, layer.bias)
+
+    orders = [[("q_proj", x), ("k_proj", x), ("v_proj", x)], [("v_proj", x), ("q_proj", x), ("k_proj", x)],
+              [("q_proj", x), ("k_proj", y), ("v_proj", x), ("q_proj", x)], [("k_proj", x), ("k_proj", x)]]
+    with torch.no_grad(), fast_linears(attn):
+        for order in orders:
+            for name, inp in order:
+                assert torch.equal(getattr(attn, name)(inp), alone(name, inp)), (order, name)
+    assert isinstance(attn.q_proj.forward.args[0], layers.SharedInput)
+    with torch.no_grad():  # outside the block: torch's own product
+        for name in names:
+            layer = getattr(attn, name)
+            assert torch.equal(layer(x), F.linear(x, layer.weight, layer.bias))
+
+
+def _rms_reference(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
+    x64 = x.double()
+    normed = x64 / torch.sqrt(x64.pow(2).mean(-1, keepdim=True) + eps)
+    return w.double() * normed.to(x.dtype).double()
+
+
+@needs_kernel
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("hidden", [576, 64, 37])
+def test_rms_norm_matches_a_float64_reference_and_is_row_invariant(dtype, hidden):
+    g = torch.Generator().manual_seed(hidden)
+    x = (torch.randn(2, 9, hidden, generator=g) * 4).to(dtype)
+    w = (1 + torch.randn(hidden, generator=g) / 4).to(dtype)
+    got = ext.rms_norm(x, w, 1e-5)
+    assert got.dtype == dtype and got.shape == x.shape
+    tol = 1e-6 if dtype == torch.float32 else 1 / 64  # bf16: the normalised value is rounded twice
+    torch.testing.assert_close(got.double(), _rms_reference(x, w, 1e-5), rtol=tol, atol=tol)
+    rows = x.reshape(18, hidden)
+    assert torch.equal(torch.cat([ext.rms_norm(rows[i:i + 1], w, 1e-5) for i in range(18)]), got.reshape(18, hidden))
+
+
+def test_llama_norms_take_the_kernel_and_other_norms_keep_their_own_code():
+    """A norm goes through the kernel only if it computes what the kernel does (checked on install): Gemma's
+    ``1 + weight`` norm keeps its forward; a stock Llama forward gives the same logits either way."""
+    if ext is None:
+        pytest.skip(f"small-GEMM kernel {kernel_status()}")
+    from transformers import Gemma3ForCausalLM, Gemma3TextConfig, LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    llama = LlamaForCausalLM(LlamaConfig(vocab_size=64, hidden_size=48, intermediate_size=96, num_hidden_layers=2,
+                                         num_attention_heads=4, num_key_value_heads=2)).eval()
+    for p in llama.parameters():  # norms with weights other than ones
+        p.data.add_(torch.randn_like(p) * 0.1)
+    gemma = Gemma3ForCausalLM(Gemma3TextConfig(vocab_size=64, hidden_size=48, intermediate_size=96, num_hidden_layers=2,
+                                               num_attention_heads=4, num_key_value_heads=2, head_dim=12)).eval()
+    ids = torch.randint(0, 64, (1, 7))
+    with torch.no_grad():
+        ref = llama(ids).logits
+        with fast_linears(llama), fast_linears(gemma):
+            got = llama(ids).logits
+    norms = [m for m in llama.modules() if type(m).__name__.endswith("RMSNorm")]
+    assert norms and all("forward" in m.__dict__ for m in norms)
+    assert all("forward" not in m.__dict__ for m in gemma.modules() if type(m).__name__.endswith("RMSNorm"))
+    torch.testing.assert_close(got, ref, rtol=1e-4, atol=1e-4)
+
+
+@needs_kernel
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_rotary_gives_bitwise_what_the_modeling_code_gives(dtype):
+    from transformers.models.llama import modeling_llama
+
+    original = getattr(modeling_llama.apply_rotary_pos_emb, "_drafttree_original", modeling_llama.apply_rotary_pos_emb)
+    g = torch.Generator().manual_seed(3)
+    for batch, cos_rows in ((1, 1), (3, 3), (3, 1)):
+        q = torch.randn(batch, 5, 6, 64, generator=g).to(dtype).transpose(1, 2)  # [B, H, T, D] as attention has it
+        k = torch.randn(batch, 2, 5, 64, generator=g).to(dtype)
+        cos, sin = (torch.randn(cos_rows, 5, 64, generator=g).to(dtype) for _ in range(2))
+        for got, ref in zip(ext.rotary(q, k, cos, sin), original(q, k, cos, sin), strict=True):
+            assert torch.equal(got, ref) and got.stride() == ref.stride()
+
+
+class _Counting:
+    """The extension, counting the calls of each kernel."""
+
+    def __init__(self, inner):
+        self.inner, self.calls = inner, {}
+
+    def __getattr__(self, name):
+        def call(*args, **kwargs):
+            self.calls[name] = self.calls.get(name, 0) + 1
+            return getattr(self.inner, name)(*args, **kwargs)
+        return call
+
+
+@needs_kernel
+def test_a_llama_forward_runs_every_layer_op_through_the_kernels_only_inside_the_block(monkeypatch):
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(1)
+    layers_n = 3
+    model = LlamaForCausalLM(LlamaConfig(vocab_size=64, hidden_size=48, intermediate_size=96,
+                                         num_hidden_layers=layers_n, num_attention_heads=4,
+                                         num_key_value_heads=2)).eval()
+    ids = torch.randint(0, 64, (1, 6))
+    with torch.no_grad():
+        ref = model(ids).logits
+        with fast_linears(model):
+            model(ids)  # installs
+        counting = _Counting(gemm._ext)
+        monkeypatch.setattr(gemm, "_ext", counting)
+        with fast_linears(model):
+            got = model(ids).logits
+        inside = dict(counting.calls)
+        assert torch.allclose(model(ids).logits, ref, rtol=0, atol=0)  # outside: torch's code, bitwise as before
+    assert counting.calls == inside
+    # per layer: q/k/v in one call, gate/up in one; o, down and the LM head alone; two norms and one rotary
+    assert inside == {"linears": 2 * layers_n, "linear": 2 * layers_n + 1, "rms_norm": 2 * layers_n + 1,
+                      "rotary": layers_n}, inside
+    torch.testing.assert_close(got, ref, rtol=1e-4, atol=1e-4)

@@ -2,14 +2,13 @@
 
 from drafttree.kernels.gemm import (
     MAX_ROWS,
-    fast_linears,
     kernel_key,
     kernel_status,
     kernels_in_use,
     linear,
     small_gemm,
-    torch_linears,
 )
+from drafttree.kernels.layers import fast_linears, torch_linears
 
 __all__ = ["MAX_ROWS", "fast_linears", "kernel_key", "kernel_status", "kernels_in_use", "linear", "small_gemm",
            "torch_linears"]

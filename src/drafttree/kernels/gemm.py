@@ -16,7 +16,6 @@ the vector backend of ``simd.h``.
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import hashlib
 import os
@@ -24,7 +23,6 @@ import platform
 import shutil
 import sys
 import threading
-from collections.abc import Iterator
 from pathlib import Path
 
 import torch
@@ -38,8 +36,8 @@ from drafttree.paths import cache_dir
 # before the tiles' inner loop was unrolled; not measured there since.
 MAX_ROWS = 64
 SOURCE = Path(__file__).with_name("small_gemm.cpp")
-# the extension: the GEMM (and the module), decode attention, and the vector backend they share
-SOURCES = (SOURCE, SOURCE.with_name("tree_attention.cpp"), SOURCE.with_name("simd.h"))
+# the extension: the GEMM (and the module), decode attention, RMSNorm and rotary, and the vector backend they share
+SOURCES = tuple(SOURCE.with_name(n) for n in ("small_gemm.cpp", "tree_attention.cpp", "layer_ops.cpp", "simd.h"))
 _DTYPES = (torch.float32, torch.bfloat16)
 
 _lock = threading.Lock()
@@ -138,46 +136,3 @@ def linear(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None) -
     if small_gemm() is not None and _applies(x, w):
         return _ext.linear(x, w, bias)
     return F.linear(x, w, bias)
-
-
-def _forward(module: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:
-    if getattr(_active, "depth", 0) and _applies(x, module.weight):
-        return _ext.linear(x, module.weight, module.bias)
-    return F.linear(x, module.weight, module.bias)
-
-
-def _install(model: torch.nn.Module) -> None:
-    """Route every eligible ``nn.Linear`` of ``model`` through :func:`_forward` (once per model)."""
-    if getattr(model, "_drafttree_small_gemm", False):
-        return
-    for module in model.modules():
-        # every plain Linear: whether a call can take the kernel (device, dtype, layout, rows) is checked per call
-        if type(module) is torch.nn.Linear and "forward" not in module.__dict__:
-            module.forward = functools.partial(_forward, module)  # unlike a bound method, it pickles
-    model._drafttree_small_gemm = True
-
-
-@contextlib.contextmanager
-def fast_linears(model: torch.nn.Module) -> Iterator[None]:
-    """Run ``model``'s linear layers with the small-GEMM kernel inside the block (where it applies)."""
-    weight = next(model.parameters(), None)
-    if weight is None or weight.device.type != "cpu" or small_gemm() is None:
-        yield
-        return
-    _install(model)
-    _active.depth = getattr(_active, "depth", 0) + 1
-    try:
-        yield
-    finally:
-        _active.depth -= 1
-
-
-@contextlib.contextmanager
-def torch_linears() -> Iterator[None]:
-    """Inside the block :func:`fast_linears` is inert and attention takes torch's path too (``attention.kernel_for``):
-    torch's kernels only, for side-by-side measurements."""
-    _active.off = getattr(_active, "off", 0) + 1
-    try:
-        yield
-    finally:
-        _active.off -= 1

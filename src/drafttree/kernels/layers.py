@@ -1,0 +1,189 @@
+"""Where a model's layers meet the kernels: inside :func:`fast_linears`, a model's linear layers, Llama-style RMSNorms
+and rotary embeddings run the CPU kernels of :mod:`drafttree.kernels.gemm`; outside, the same model object runs
+torch's own code (e.g. Hugging Face's ``generate``, our ``hf-ar`` baseline).
+
+Nothing of the modeling code is forked: modules get a per-instance ``forward`` that calls the kernel inside a block
+and the module's own forward elsewhere, and a norm or rotary function is taken over only after it gave the kernel's
+result on random input (variants such as Gemma's ``1 + weight`` norm keep their own code).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import itertools
+import sys
+from collections.abc import Iterator
+
+import torch
+import torch.nn.functional as F
+
+from drafttree.kernels import gemm
+from drafttree.kernels.gemm import _DTYPES, _active, _applies
+
+_blocks = itertools.count()  # fast_linears blocks, numbered: what one computed is not reused by another
+
+
+def _forward(module: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:
+    if getattr(_active, "depth", 0) and _applies(x, module.weight):
+        return gemm._ext.linear(x, module.weight, module.bias)
+    return F.linear(x, module.weight, module.bias)
+
+
+class SharedInput:
+    """Linear layers a stock forward calls one after another on the same input (q/k/v, gate/up): the first call
+    computes all of them in one kernel call and the others take their result, so the threads fork and join once.
+    Any other call order, or another input, computes what is asked (the result is the same either way)."""
+
+    def __init__(self, modules: list[torch.nn.Linear]):
+        self.modules = modules
+        self.pending: list | None = None  # [input, outputs (None once taken), the block they were computed in]
+
+    def forward(self, index: int, x: torch.Tensor) -> torch.Tensor:
+        pending = self.pending
+        if (pending is not None and pending[0] is x and pending[1][index] is not None  # computed for this input,
+                and pending[2] == getattr(_active, "block", None)):  # in this fast_linears block
+            out, pending[1][index] = pending[1][index], None
+            if all(o is None for o in pending[1]):
+                self.pending = None
+            return out
+        module = self.modules[index]
+        if not (getattr(_active, "depth", 0) and _applies(x, module.weight)):
+            return F.linear(x, module.weight, module.bias)
+        weights = [m.weight for m in self.modules]
+        if not all(w.dtype == x.dtype and w.is_contiguous() and w.shape[1] == x.shape[-1] for w in weights):
+            return gemm._ext.linear(x, module.weight, module.bias)
+        outs = gemm._ext.linears(x, weights, [m.bias for m in self.modules])
+        out, outs[index] = outs[index], None
+        self.pending = [x, outs, _active.block]
+        return out
+
+
+def _shared_forward(group: SharedInput, index: int, x: torch.Tensor) -> torch.Tensor:
+    return group.forward(index, x)
+
+
+def _norm_forward(module: torch.nn.Module, eps: float, x: torch.Tensor) -> torch.Tensor:
+    w = module.weight
+    if (getattr(_active, "depth", 0) and not getattr(_active, "off", 0) and x.dtype == w.dtype
+            and x.device.type == "cpu" and w.device.type == "cpu" and not torch.is_grad_enabled() and x.dim() >= 1
+            and x.shape[-1] == w.shape[0]):
+        return gemm._ext.rms_norm(x, w, eps)
+    return type(module).forward(module, x)
+
+
+def _plain_rms_norm(module: torch.nn.Module) -> float | None:
+    """The module's epsilon if it computes Llama's RMSNorm (checked on random input against its own forward, so
+    variants such as Gemma's ``1 + weight`` keep their own code), else None."""
+    w = getattr(module, "weight", None)
+    eps = getattr(module, "variance_epsilon", getattr(module, "eps", None))
+    if (not type(module).__name__.endswith("RMSNorm") or not isinstance(w, torch.Tensor) or w.dim() != 1
+            or not isinstance(eps, float) or w.dtype not in _DTYPES or w.device.type != "cpu" or not w.is_contiguous()):
+        return None
+    with torch.inference_mode():
+        x = torch.randn(3, w.shape[0], generator=torch.Generator().manual_seed(0)).to(w.dtype) * 3
+        ref, ours = type(module).forward(module, x), gemm._ext.rms_norm(x, w, eps)
+    if ref.shape != ours.shape or ref.dtype != ours.dtype:
+        return None
+    tol = 1e-5 if w.dtype == torch.float32 else 1e-2
+    ok = torch.allclose(ours.float(), ref.float(), rtol=tol, atol=tol * float(ref.float().abs().max()))
+    return eps if ok else None
+
+
+def _active_here(*tensors: torch.Tensor) -> bool:
+    """Inside a fast_linears block, kernels not switched off, CPU tensors of one kernel dtype, no autograd."""
+    dtype = tensors[0].dtype
+    return (bool(getattr(_active, "depth", 0)) and not getattr(_active, "off", 0) and dtype in _DTYPES
+            and not torch.is_grad_enabled() and all(t.device.type == "cpu" and t.dtype == dtype for t in tensors))
+
+
+def _kernel_rotary(original):
+    """``apply_rotary_pos_emb`` through the kernel where the call is the plain case, the original otherwise."""
+
+    @functools.wraps(original)
+    def apply_rotary_pos_emb(q, k, cos, sin, *args, **kwargs):
+        if (args or kwargs.get("unsqueeze_dim", 1) != 1 or set(kwargs) - {"unsqueeze_dim"} or q.dim() != 4
+                or k.dim() != 4 or cos.dim() != 3 or q.shape[-1] != cos.shape[-1] or cos.stride(-1) != 1
+                or sin.shape != cos.shape or sin.stride() != cos.stride() or not _active_here(q, k, cos, sin)):
+            return original(q, k, cos, sin, *args, **kwargs)
+        q_out, k_out = gemm._ext.rotary(q, k, cos, sin)
+        return q_out, k_out
+
+    apply_rotary_pos_emb._drafttree_original = original
+    return apply_rotary_pos_emb
+
+
+def _install_rotary(model: torch.nn.Module) -> None:
+    """Route the ``apply_rotary_pos_emb`` of the modeling modules ``model`` uses through the kernel, for each only
+    if it gives the kernel's result (bitwise) on random input."""
+    for name in {type(m).__module__ for m in model.modules()}:
+        module = sys.modules.get(name)
+        original = getattr(module, "apply_rotary_pos_emb", None)
+        if not callable(original) or hasattr(original, "_drafttree_original"):
+            continue
+        g = torch.Generator().manual_seed(0)
+        ok = True
+        for dtype in _DTYPES:
+            q, k = (torch.randn(2, 4, 3, 16, generator=g).to(dtype) for _ in range(2))
+            cos, sin = (torch.randn(2, 3, 16, generator=g).to(dtype) for _ in range(2))
+            with torch.inference_mode():
+                ref, ours = original(q, k, cos, sin), gemm._ext.rotary(q, k, cos, sin)
+            ok = ok and all(torch.equal(a, b) for a, b in zip(ref, ours, strict=True))
+        if ok:
+            module.apply_rotary_pos_emb = _kernel_rotary(original)
+
+
+# names of linear layers that stock forwards call in a row on one input
+SHARED_INPUT_NAMES = (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj"))
+
+
+def _install(model: torch.nn.Module) -> None:
+    """Route every eligible ``nn.Linear`` of ``model`` through :func:`_forward`, linear layers that share their input
+    through one :class:`SharedInput` each, and Llama-style RMSNorms through the kernel (once per model)."""
+    if getattr(model, "_drafttree_small_gemm", False):
+        return
+    for module in model.modules():
+        for names in SHARED_INPUT_NAMES:
+            parts = [getattr(module, n, None) for n in names]
+            if all(type(p) is torch.nn.Linear and "forward" not in p.__dict__ for p in parts) and len(
+                    {p.in_features for p in parts}) == 1:
+                group = SharedInput(parts)
+                for i, p in enumerate(parts):
+                    p.forward = functools.partial(_shared_forward, group, i)
+        eps = _plain_rms_norm(module) if "forward" not in module.__dict__ else None
+        if eps is not None:
+            module.forward = functools.partial(_norm_forward, module, eps)
+    for module in model.modules():
+        # every plain Linear: whether a call can take the kernel (device, dtype, layout, rows) is checked per call
+        if type(module) is torch.nn.Linear and "forward" not in module.__dict__:
+            module.forward = functools.partial(_forward, module)  # unlike a bound method, it pickles
+    _install_rotary(model)
+    model._drafttree_small_gemm = True
+
+
+@contextlib.contextmanager
+def fast_linears(model: torch.nn.Module) -> Iterator[None]:
+    """Run ``model``'s linear layers with the small-GEMM kernel inside the block (where it applies)."""
+    weight = next(model.parameters(), None)
+    if weight is None or weight.device.type != "cpu" or gemm.small_gemm() is None:
+        yield
+        return
+    _install(model)
+    _active.depth = getattr(_active, "depth", 0) + 1
+    outer, _active.block = getattr(_active, "block", None), next(_blocks)
+    try:
+        yield
+    finally:
+        _active.depth -= 1
+        _active.block = outer
+
+
+@contextlib.contextmanager
+def torch_linears() -> Iterator[None]:
+    """Inside the block :func:`fast_linears` is inert and attention takes torch's path too (``attention.kernel_for``):
+    torch's kernels only, for side-by-side measurements."""
+    _active.off = getattr(_active, "off", 0) + 1
+    try:
+        yield
+    finally:
+        _active.off -= 1
