@@ -131,6 +131,15 @@ def test_layers_sharing_an_input_give_what_each_gives_alone_in_any_order():
             for name, inp in order:
                 assert torch.equal(getattr(attn, name)(inp), alone(name, inp)), (order, name)
     assert isinstance(attn.q_proj.forward.args[0], layers.SharedInput)
+    import copy
+    import pickle
+
+    for again in (pickle.loads(pickle.dumps(attn)), copy.deepcopy(attn)):  # each copy shares its own q/k/v
+        assert again.q_proj.forward.args[0] is again.k_proj.forward.args[0] is not attn.q_proj.forward.args[0]
+        with torch.no_grad(), fast_linears(again):
+            for name in names:
+                layer = getattr(again, name)
+                assert torch.equal(layer(y), ext.linear(y, layer.weight, layer.bias))
     with torch.no_grad():  # outside the block: torch's own product
         for name in names:
             layer = getattr(attn, name)

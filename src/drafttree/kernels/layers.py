@@ -39,6 +39,9 @@ class SharedInput:
         self.modules = modules
         self.pending: list | None = None  # [input, outputs (None once taken), the block they were computed in]
 
+    def __getstate__(self) -> dict:  # a pickled or copied model carries no results of a past forward
+        return {"modules": self.modules, "pending": None}
+
     def forward(self, index: int, x: torch.Tensor) -> torch.Tensor:
         pending = self.pending
         if (pending is not None and pending[0] is x and pending[1][index] is not None  # computed for this input,
