@@ -68,9 +68,7 @@ def _shared_forward(group: SharedInput, index: int, x: torch.Tensor) -> torch.Te
 
 def _norm_forward(module: torch.nn.Module, eps: float, x: torch.Tensor) -> torch.Tensor:
     w = module.weight
-    if (getattr(_active, "depth", 0) and not getattr(_active, "off", 0) and x.dtype == w.dtype
-            and x.device.type == "cpu" and w.device.type == "cpu" and not torch.is_grad_enabled() and x.dim() >= 1
-            and x.shape[-1] == w.shape[0]):
+    if x.dim() >= 1 and x.shape[-1] == w.shape[0] and _active_here(x, w):
         return gemm._ext.rms_norm(x, w, eps)
     return type(module).forward(module, x)
 
