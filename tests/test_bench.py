@@ -128,6 +128,7 @@ def test_ratio_of_means_tau_and_losslessness():
     assert s["baseline"] == "hf-ar" and s["lossless_reference"] == "ar"
     lk = s["results"]["lookup"]["t"]
     assert lk["tokens_per_second"] == 15.0
+    assert lk["pooled_tokens_per_second"] == pytest.approx(7 / (3 / 10.0 + 4 / 20.0), abs=1e-3)  # 14, not 15
     assert lk["speedup"] == pytest.approx(15.0 / 12.5, abs=1e-4)  # ratio of means, not mean of ratios (1.5)
     assert lk["speedup_vs_ar"] == pytest.approx(15.0 / 10.0, abs=1e-4)
     assert lk["tau"] == pytest.approx(7 / 5, abs=1e-4)  # pooled over all forwards
@@ -174,6 +175,7 @@ def test_mean_over_tasks_failures_and_retries():
     assert lk["a"]["speedup"] == 2.0 and lk["b"]["speedup"] == 3.0  # b compared on the common prompt only
     assert lk["mean"]["speedup"] == 2.5 and lk["mean"]["prompts"] == 2 and lk["mean"]["failed"] == 1
     assert lk["mean"]["identical_prompts"] == 2
+    assert lk["mean"]["pooled_tokens_per_second"] == 25.0  # each task's pooled rate (20, 30), averaged
     assert M.median_index([3.0, 1.0, 2.0]) == 2 and M.median_index([1.0, 4.0]) == 0
 
 

@@ -112,6 +112,9 @@ def task_metrics(method: str, task: str, recs: dict[tuple, dict], temperature: f
         out["source_tau"] = None
     wall = sum(r["wall_time"] for r in ok.values())
     out["wall_time"] = _round(wall, 3)
+    # every token weighs the same: a short answer (a sample that stopped after a few tokens, all prefill) does not
+    # count as much as a long one, as it does in the mean of per-prompt rates
+    out["pooled_tokens_per_second"] = _round(new / wall, 3) if wall > 0 else None
     splits = [r.get("time_split") for r in ok.values()]
     if splits and None not in splits:
         secs = {k: sum(s.get(k, 0.0) for s in splits) for k in SPLIT_KEYS}
@@ -161,6 +164,7 @@ def mean_over_tasks(per_task: dict[str, dict]) -> dict:
         "prompts": sum(m["prompts"] for m in per_task.values()),
         "failed": sum(m["failed"] for m in per_task.values()),
         "tokens_per_second": avg("tokens_per_second"),
+        "pooled_tokens_per_second": avg("pooled_tokens_per_second"),
         "speedup": avg("speedup"),
         "speedup_vs_ar": avg("speedup_vs_ar"),
         "tau": avg("tau"),

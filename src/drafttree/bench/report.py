@@ -172,7 +172,10 @@ def render_run(summary: dict, heading_level: int = 2, img_prefix: str = "", titl
     if any(m in summary["results"] for m in ("ar",)) and base != "ar":
         out += ["**Speedup vs our `ar`**", "", metric_table(summary, "speedup_vs_ar", ".2f", "x"), ""]
     out += ["**Tokens per second** (mean of per-prompt tokens/s)", "",
-            metric_table(summary, "tokens_per_second", ".1f"), ""]
+            metric_table(summary, "tokens_per_second", ".1f"), "",
+            "**Pooled tokens per second** (all new tokens over all wall time of a task: each token weighs the same, "
+            "so a sampled answer that stopped after a few tokens does not weigh like a long one)", "",
+            metric_table(summary, "pooled_tokens_per_second", ".1f"), ""]
     ref = summary.get("lossless_reference")
     if ref:
         note = "" if c.get("dtype") == "float32" else (
