@@ -210,6 +210,31 @@ def test_batched_decoding_is_lossless(shipped, references, method):
         assert max(r.tau for r in results) > 1.3, "rows should accept drafts in a batch too"
 
 
+def test_batched_head_pass_is_lossless(shipped, references):
+    """Rows whose heads draft together (one head forward per level for all rows, the gate held open): every row
+    equals plain decoding, and the head's drafts are accepted in the batch."""
+    from drafttree.accept import Sampling
+    from drafttree.batching import BatchDecoder, Sequence
+    from drafttree.batching.head_pass import HeadBatch
+    from drafttree.drafters import make_drafter
+
+    sm = shipped
+    passes = HeadBatch()
+    passes.gate.enabled = False
+    dec = BatchDecoder(sm.batch_target(), sm.verify_cost(), head_batch=passes)
+    lengths = [48, 64, 30, 64]
+    seqs = [Sequence(sm.encode_prompt(PROMPTS[i]), make_drafter("hybrid", sm.target, None, sm.head, batch_pass=True),
+                     Sampling(), n, frozenset(sm.eos_ids)) for i, n in enumerate(lengths)]
+    for s in seqs:
+        dec.add(s)
+    while dec.rows:
+        dec.step()
+    for s, n, ref in zip(seqs, lengths, references):
+        assert s.tokens == ref[:n]
+    head_accepts = sum(s.drafter.source_accepts[1] for s in seqs)
+    assert passes.passes > 10 and head_accepts > 0
+
+
 def test_batched_rows_with_their_own_lengths_and_cancellation(shipped, references):
     """Rows finishing at different lengths, one cancelled mid-way: the others are unaffected."""
     from drafttree.accept import Sampling

@@ -134,6 +134,13 @@ def _mask_for_kernel(mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
 def grouped_sdpa(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                  attention_mask: torch.Tensor | None, dropout: float = 0.0, scaling: float | None = None,
                  **kwargs):
+    if isinstance(key, list):  # rows packed in one forward, each with a cache of its own (batching/head_pass.py)
+        outs, t0 = [], 0
+        for k, v, m in zip(key, value, attention_mask):
+            t = m.shape[-2]
+            outs.append(grouped_sdpa(module, query[:, :, t0:t0 + t], k, v, m, dropout, scaling, **kwargs)[0])
+            t0 += t
+        return torch.cat(outs, dim=1), None
     scale = scaling if scaling is not None else query.shape[-1] ** -0.5
     packed = getattr(_local, "packed", None)
     ext = _kernel_call(module, query, key, value, attention_mask, dropout, kwargs, packed is not None)

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 import torch
 
 from drafttree.accept import Sampling, accept, sample_token
+from drafttree.batching.head_pass import HeadBatch, HeadRow
 from drafttree.batching.policy import AlwaysDraft, DraftOrPlain
 from drafttree.batching.target import BatchTarget
 from drafttree.budget import BatchShare, CostModel
@@ -52,13 +53,15 @@ class Sequence:
 class BatchDecoder:
     """The batched decode loop: :meth:`add` a sequence (prefill), :meth:`step` one round for all rows."""
 
-    def __init__(self, target: BatchTarget, cost: CostModel | None = None, policy: DraftOrPlain | None = None):
+    def __init__(self, target: BatchTarget, cost: CostModel | None = None, policy: DraftOrPlain | None = None,
+                 head_batch: HeadBatch | None = None):
         """``policy`` decides per round whether unseeded rows draft at all (default :class:`AlwaysDraft`: each
         row's drafter sizes its tree on its share of the forward; :class:`DraftOrPlain` measures per batch size)."""
         self.target, self.cost = target, cost
         self.policy = policy if policy is not None else AlwaysDraft()
         self.active: list[Sequence] = []
         self._joined = False  # a row joined since the last round (that round also pays for the cache growing)
+        self.head_batch = head_batch if head_batch is not None else HeadBatch()
 
     @property
     def rows(self) -> int:
@@ -108,6 +111,20 @@ class BatchDecoder:
         self.active = [self.active[i] for i in keep]
         return [(s, []) for s in cancelled]
 
+    def _head_pass(self, rows: list[Sequence], plans: list) -> dict[int, float]:
+        """Draft the heads of the batched rows together (``HeadBatch``); returns each drafted row's share of it."""
+        if len(rows) < 2:
+            return {}
+        parts, where = [], []
+        for i, (seq, (cost, depth)) in enumerate(zip(rows, plans)):
+            ask = getattr(seq.drafter, "batch_head", None)
+            got = ask(cost, seq.sampling.greedy) if ask is not None and cost is not None else None
+            if got is not None:
+                parts.append(HeadRow(got[0], got[1], depth, seq.drafter))
+                where.append(i)
+        spent = self.head_batch.draft(parts, len(rows)) if parts else 0.0
+        return {i: spent / len(where) for i in where} if spent else {}
+
     @torch.inference_mode()
     def step(self) -> list[tuple[Sequence, list[int]]]:
         """One draft -> verify -> accept -> commit round over every row; returns each row's new tokens."""
@@ -127,24 +144,29 @@ class BatchDecoder:
         all_committed = sum(committed)
         trees, draft_times = [], []
         drafting = self.policy.choose(len(rows))
+        plans = []
+        for i, seq in enumerate(rows):
+            # seeded rows size trees as if alone: their output must not depend on who else is being served
+            batched = self.cost is not None and len(rows) > 1 and not seq.reproducible
+            cost = (BatchShare(self.cost, total - sizes[i], len(rows), float(all_committed - committed[i]))
+                    if batched else None)
+            depth = min(seq.max_new_tokens - seq.stats.new_tokens - 1, tgt.max_positions - tgt.lens[i] - 2)
+            plans.append((cost, max(0, depth)))
+        pass_share = self._head_pass(rows, plans) if drafting else {}
         for i, seq in enumerate(rows):
             t0 = time.perf_counter()
             if not drafting and not seq.reproducible:
                 trees.append(DraftTree.root_only(seq.root, tgt.device))
                 draft_times.append(0.0)
                 continue
-            # seeded rows size trees as if alone: their output must not depend on who else is being served
-            batched = self.cost is not None and len(rows) > 1 and not seq.reproducible
-            cost = (BatchShare(self.cost, total - sizes[i], len(rows), float(all_committed - committed[i]))
-                    if batched else None)
-            depth = min(seq.max_new_tokens - seq.stats.new_tokens - 1, tgt.max_positions - tgt.lens[i] - 2)
-            req = DraftRequest(seq.context, seq.root, max(0, depth), seq.sampling, seq.generator,
+            cost, depth = plans[i]
+            req = DraftRequest(seq.context, seq.root, depth, seq.sampling, seq.generator,
                                reproducible=seq.reproducible, cost=cost)
             tree = seq.drafter.propose(req).to(tgt.device)
             if tree.max_depth > req.max_depth:
                 raise RuntimeError(f"drafter {seq.drafter.name} proposed depth {tree.max_depth} > {req.max_depth}")
             trees.append(tree)
-            draft_times.append(time.perf_counter() - t0)
+            draft_times.append(time.perf_counter() - t0 + pass_share.get(i, 0.0))
         t0 = time.perf_counter()
         outs = tgt.forward_trees(trees)
         t_verify = time.perf_counter() - t0
@@ -164,6 +186,7 @@ class BatchDecoder:
             st.tree_sizes.append(tree.size)
             results.append((seq, self._emit(seq, committed[1:] + [nxt])))
         wall = time.perf_counter() - t_round
+        self.head_batch.record(wall, sum(len(p) for p, _ in accepted))
         self.policy.record(len(rows), drafting, sum(len(p) for p, _ in accepted), wall, measured=not self._joined)
         self._joined = False
         for seq in rows:  # every row waited for the whole round

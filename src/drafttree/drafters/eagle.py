@@ -9,6 +9,8 @@ the next ``observe`` drops, so drafting branches never pollute the committed cac
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 
 from drafttree.accept import warp_probs
@@ -41,6 +43,16 @@ from drafttree.tree import (
 )
 
 
+class HeadInput(NamedTuple):
+    """One head forward's inputs for one sequence: features at t, tokens t+1, positions, and which of its
+    uncommitted slots (those drafted this round, then these) each token attends to."""
+
+    feats: torch.Tensor
+    ids: torch.Tensor
+    positions: torch.Tensor
+    attend: torch.Tensor
+
+
 class EagleState:
     """The head's cache, committed length and the predicted feature of the current root (a TreeStepper)."""
 
@@ -57,7 +69,7 @@ class EagleState:
         self._queued: list[tuple[torch.Tensor, list[int], int]] = []  # committed pairs not yet encoded
 
     def _run(self, feats: torch.Tensor, ids: torch.Tensor, positions: torch.Tensor, attend: torch.Tensor):
-        mask = tree_attention_mask(attend, self.committed, self.head.fc.weight.dtype)
+        mask = self.mask(attend)
         with grouped_attention(self.head), fast_linears(self.head):  # several draft nodes at once: K/V read in place
             out = self.head(feats[None], ids[None], positions[None], mask, self.cache)
         return out[0]
@@ -84,8 +96,15 @@ class EagleState:
     @torch.inference_mode()
     def flush(self) -> None:
         """Encode the queued committed pairs now (drafting calls this first)."""
+        inp = self.flush_input()
+        if inp is not None:
+            self.flush_output(self._run(*inp))
+
+    def flush_input(self) -> HeadInput | None:
+        """The head forward that encodes the queued pairs (run it alone or packed with other rows', then pass its
+        output to :meth:`flush_output`); None when nothing is queued."""
         if not self._queued:
-            return
+            return None
         if self.cache is None:
             self.cache = GrowingCache()
         self._crop()
@@ -93,12 +112,18 @@ class EagleState:
         feats = torch.cat([f.to(dev) for f, _, _ in self._queued])
         ids = [t for _, chunk, _ in self._queued for t in chunk]
         start = self._queued[0][2]
-        self._queued = []
         n = len(ids)
         causal = torch.tril(torch.ones(n, n, dtype=torch.bool, device=dev))
-        out = self._run(feats, torch.tensor(ids, device=dev), torch.arange(start, start + n, device=dev), causal)
-        self.committed += n
+        return HeadInput(feats, torch.tensor(ids, device=dev), torch.arange(start, start + n, device=dev), causal)
+
+    def flush_output(self, out: torch.Tensor) -> None:
+        self.committed += sum(len(chunk) for _, chunk, _ in self._queued)
+        self._queued = []
         self.root_feat = out[-1]
+
+    def mask(self, attend: torch.Tensor) -> torch.Tensor:
+        """The additive mask of a head forward over the committed cache plus the slots ``attend`` covers."""
+        return tree_attention_mask(attend, self.committed, self.head.fc.weight.dtype)
 
     # -- TreeStepper -----------------------------------------------------------------------------------
     @torch.inference_mode()
@@ -111,12 +136,21 @@ class EagleState:
     @torch.inference_mode()
     def expand(self, tokens: torch.Tensor, parent_slots: torch.Tensor, attend: torch.Tensor, depth: int):
         self.flush()
+        out = self._run(*self.expand_input(tokens, parent_slots, attend, depth))
+        return torch.log_softmax(self.head.draft_logits(self.expand_output(out)).float(), dim=-1)
+
+    def expand_input(self, tokens: torch.Tensor, parent_slots: torch.Tensor, attend: torch.Tensor,
+                     depth: int) -> HeadInput:
+        """The head forward of one expansion (after :meth:`flush`); its output goes to :meth:`expand_output`."""
         feats = torch.stack([self.root_feat if s < 0 else self.slot_feats[s] for s in parent_slots.tolist()])
         pos = torch.full((tokens.numel(),), self.root_pos + depth - 1, dtype=torch.long, device=feats.device)
-        out = self._run(feats, tokens.to(feats.device), pos, attend)
-        self.pending += tokens.numel()
+        return HeadInput(feats, tokens.to(feats.device), pos, attend)
+
+    def expand_output(self, out: torch.Tensor) -> torch.Tensor:
+        """Record an expansion's predicted features (new pending slots); returns them for the draft logits."""
+        self.pending += out.shape[0]
         self.slot_feats.extend(out.unbind(0))
-        return torch.log_softmax(self.head.draft_logits(out).float(), dim=-1)
+        return out
 
 
 # -- shapes: how a round's draft grows from the head ----------------------------------------------------------

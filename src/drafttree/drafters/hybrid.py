@@ -122,7 +122,8 @@ class HybridDrafter(Drafter):
     (its cost curve sizes the tree); ``total_tokens`` fixes the tree size instead (tests, sweeps)."""
 
     def __init__(self, sources: list[CandidateSource], budget=None, total_tokens: int | None = None,
-                 gate: bool = True, name: str = "hybrid", costly_in_batches: bool = False):
+                 gate: bool = True, name: str = "hybrid", costly_in_batches: bool = False,
+                 batch_pass: bool = False):
         if budget is None and total_tokens is None:
             raise ValueError("HybridDrafter needs a TreeBudget or a fixed total_tokens")
         self.sources = list(sources)
@@ -138,6 +139,8 @@ class HybridDrafter(Drafter):
         # forward and cannot pay (docs/benchmark-notes.md: a steady load of 4 users gained on plain decoding with
         # the n-gram source alone and lost with the head); batched rounds use the free sources unless this is set
         self.costly_in_batches = costly_in_batches
+        self.batch_pass = batch_pass  # ... or a batch pass drafts every row's head at once (batching/head_pass.py)
+        self.last_alone: dict[int, int] = {}  # per source (id): accepted tokens last round no other source proposed
         self._round: tuple | None = None
         self._fresh = True
         self.source_accepts = [0] * len(self.sources)  # accepted drafts each source proposed (diagnostics)
@@ -181,6 +184,18 @@ class HybridDrafter(Drafter):
         tokens = 1.0 + getattr(cost, "extra_tokens", 0.0)
         return tokens * least_slope(cost, b.max_total - 1) / (b.calibration * (b.overhead + cost.verify(1)))
 
+    def batch_head(self, cost, greedy: bool = True) -> tuple[object, float] | None:
+        """In a batched round (``cost``: the row's BatchShare), the head source a batch pass may draft for, and the
+        least acceptance that pays this round; None when this drafter has none or drafts it row by row."""
+        if self.costly_in_batches or not self.batch_pass:
+            return None
+        for src in self.sources:
+            if hasattr(src, "ready_state"):
+                if self._fresh:
+                    self._start_generation(False, greedy)
+                return src, self._bar(cost)
+        return None
+
     def propose(self, req: DraftRequest) -> DraftTree:
         if self._fresh:
             self._start_generation(req.reproducible, req.sampling.greedy)
@@ -196,13 +211,15 @@ class HybridDrafter(Drafter):
         if req.cost is not None and self.base_cost is not None:
             scale = self.base_cost.verify(1) / max(1e-12, req.cost.verify(1))
         for i, (src, gate) in enumerate(zip(self.sources, self.gates)):
-            if src.cost > 0 and req.cost is not None and not self.costly_in_batches:
+            # drafted by a batch pass for every row at once (batching/head_pass.py): paid and gated by the batch
+            prepared = getattr(src, "prepared", None) is not None
+            if src.cost > 0 and req.cost is not None and not self.costly_in_batches and not prepared:
                 continue
             sit = situation(rc.earlier)
-            if src.cost > 0 and not gate.allow(sit):
+            if src.cost > 0 and not prepared and not gate.allow(sit):
                 continue
             prop = src.propose(rc, i)
-            if src.cost > 0:
+            if src.cost > 0 and not prepared:
                 if prop is not None and prop.spent is not None:
                     cost = prop.spent
                 else:
@@ -257,6 +274,8 @@ class HybridDrafter(Drafter):
             for s in owners:
                 self.source_accepts[s] += 1
         accepted = len(path)
+        self.last_alone = {id(src): sum(1 for owners in owners_on_path if owners == {i})
+                           for i, src in enumerate(self.sources)}
         for i, sit, cost, extra in ran:
             alone = sum(1 for owners in owners_on_path if owners == {i})
             self.gates[i].record(sit, float(alone), cost, float(accepted - alone) + extra)

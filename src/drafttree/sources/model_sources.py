@@ -45,6 +45,10 @@ class ExpandingSource:
         self.calibration = Calibration(prob_prior())
         self.cost_curve = cost_curve  # relative verify cost by tree size (target forwards), or None
 
+    def calibrated(self, raw: torch.Tensor, depth: int) -> torch.Tensor:
+        """The conditional acceptance log-probs this source's calibration gives raw log-probs at ``depth``."""
+        return self.calibration.logp(prob_cells(raw, depth))
+
     def _verify_cost(self, n: int) -> float:
         return 1.0 if self.cost_curve is None else self.cost_curve(n)
 
@@ -129,14 +133,40 @@ class HeadSource(ExpandingSource):
         self.state = EagleState(head)
         self.cost = head.level_cost()  # one level reads the head's layers and its LM-head rows
         self.backlog: list[tuple[torch.Tensor, list[int]]] = []
+        self.prepared = None  # this round's chain from a batch pass (batching/head_pass.py), if one ran
 
     def begin(self, prompt: torch.Tensor, prefill_features: torch.Tensor, root: int) -> None:
         self.state = self._state_cls(self.head)
         ids = prompt.reshape(-1).tolist()
         self.backlog = [(prefill_features, ids[1:] + [root])]
+        self.prepared = None
 
     def observe(self, committed: list[int], features: torch.Tensor, next_root: int) -> None:
         self.backlog.append((features, committed[1:] + [next_root]))
+        self.prepared = None
+
+    def ready_state(self):
+        """The head's state with every committed pair queued (a batch pass drafts from it)."""
+        self._sync()
+        return self.state
+
+    def propose(self, rc: RoundContext, index: int) -> Proposal | None:
+        """From the batch pass's chain when it drafted this round (``prepared``: paid by the batch), else alone."""
+        prep, self.prepared = self.prepared, None
+        if prep is None:
+            return super().propose(rc, index)
+        depth = min(self.depth, rc.max_depth)
+        if depth <= 0:
+            return None
+        cells: list[torch.Tensor] = []
+
+        def calibrate(raw: torch.Tensor, d: int) -> torch.Tensor:
+            c = prob_cells(raw, d)
+            cells.append(c)
+            return self.calibration.logp(c)
+
+        cands = prep.candidates(self.state.vocab_ids, self.top_k, depth, calibrate)
+        return Proposal(index, cands, torch.cat(cells).to(torch.long), spent=0.0)
 
     def _sync(self) -> None:
         if self.backlog:
