@@ -107,6 +107,7 @@ HYBRID_SETTINGS = [
     ("hybrid", {}),  # auto: machine-fitted tree size, gates on
     ("hybrid", {"gate": False, "total_tokens": 24}),  # big mixed trees every round
     ("hybrid", {"gate": False, "top_k": 1, "total_tokens": 8}),  # head chains merged with n-gram branches
+    ("hybrid", {"sources": "ngram+corpus+head", "gate": False, "total_tokens": 24}),  # + the shipped corpus
     ("switch", {}),
 ]
 

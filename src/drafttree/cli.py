@@ -224,6 +224,11 @@ def cmd_data(args) -> int:
     from drafttree.models import load_model
     from drafttree.train import data as D
 
+    if args.stage == "corpus":
+        from drafttree.sources.corpus import write_corpus
+
+        print(json.dumps(write_corpus(args.distilled, args.out)))
+        return 0
     _threads(args.threads)
     if args.stage == "distill":
         prompts = D.read_prompts(args.prompts)
@@ -342,6 +347,9 @@ def build_parser() -> argparse.ArgumentParser:
     df.add_argument("--aux-layers", default="auto",
                     help="also keep the inputs of these target layers for EAGLE-3 heads: auto (2, L/2, L-3), none, "
                          "or e.g. 2,15,27")
+    dc = dsub.add_parser("corpus", help="the target's distilled answers as a corpus for the corpus source (REST)")
+    dc.add_argument("--distilled", required=True, help="distilled JSONL (drafttree data distill)")
+    dc.add_argument("--out", required=True, help="output .npz (ship it next to the head as corpus.npz)")
     d.set_defaults(func=cmd_data)
 
     for extra in _extra_parsers():

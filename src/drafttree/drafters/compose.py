@@ -9,7 +9,7 @@ from drafttree.errors import DraftTreeError
 from drafttree.sources.model_sources import DraftLMSource, HeadSource
 from drafttree.sources.ngram import NgramSource
 
-SOURCE_NAMES = ("ngram", "head", "draft")
+SOURCE_NAMES = ("ngram", "corpus", "head", "draft")
 
 
 def make_hybrid(target, draft=None, head=None, o: HybridOptions | None = None) -> HybridDrafter:
@@ -27,6 +27,10 @@ def make_hybrid(target, draft=None, head=None, o: HybridOptions | None = None) -
     sources = []
     if "ngram" in wanted:
         sources.append(NgramSource(max_ngram=o.max_ngram, num_tokens=o.num_tokens, max_candidates=o.max_candidates))
+    if "corpus" in wanted:
+        corpus = _corpus_source(head, o)
+        if corpus is not None:
+            sources.append(corpus)
     if "head" in wanted and head is not None:
         sources.append(HeadSource(head, **model_kw))
     if "draft" in wanted and draft is not None:
@@ -42,6 +46,20 @@ def make_hybrid(target, draft=None, head=None, o: HybridOptions | None = None) -
 
         apply_priors(drafter.calibrations, [s.name for s in sources], load_priors(getattr(head, "path", None)))
     return drafter
+
+
+def _corpus_source(head, o: HybridOptions):
+    """Retrieval from the corpus file given (``corpus=PATH``) or shipped next to the head; None without one."""
+    from pathlib import Path
+
+    from drafttree.sources.corpus import CORPUS_FILE, CorpusSource, load_corpus
+
+    path = o.corpus
+    if path is None and getattr(head, "path", None) is not None and (Path(head.path) / CORPUS_FILE).exists():
+        path = Path(head.path) / CORPUS_FILE
+    if path is None:
+        return None
+    return CorpusSource(load_corpus(str(path)), num_tokens=o.num_tokens, max_candidates=o.max_candidates)
 
 
 def make_switch(target, draft=None, head=None, o: SwitchOptions | None = None) -> SwitchDrafter:

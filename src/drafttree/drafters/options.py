@@ -121,6 +121,7 @@ class HybridOptions:
     max_candidates: int = _opt(8, "int", 1, "n-gram continuations per round")
     extend: bool = _opt(False, "bool", None, "a draft LM also drafts on after the n-grams' likeliest branch")
     costly_in_batches: bool = _opt(False, "bool", None, "costly sources (head, draft LM) draft in batched rounds too")
+    corpus: str | None = _opt(None, "str", None, "corpus file for the corpus source (default: the head's corpus.npz)")
     batch_pass: bool = _opt(False, "bool", None, "batched rows draft their heads together (one forward per level)")
 
 

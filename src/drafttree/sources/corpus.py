@@ -1,0 +1,206 @@
+"""A datastore of the target's own answers as a candidate source (retrieval drafting, as in REST).
+
+Context n-grams only help where the answer copies its context. A fixed corpus of what the target wrote for many
+other prompts (its greedy answers to the head's training prompts, never the benchmark's) proposes the phrases it
+keeps using: the context's last n tokens (n = ``max_ngram`` down to 2) are looked up in an index of the corpus's
+n-grams, and the most common continuations of their latest occurrences are merged into a trie. A node's estimate
+comes from its calibration cell (n, the share of occurrences agreeing on it, their number, depth), learned online
+against what the target accepted, like every source's. Free to run: a few binary searches, no model call.
+
+The index packs an n-gram into one uint64 (``bits`` per token id, room left for a separator id, so n is at most
+64 // bits: 4 for vocabularies up to 65,535 ids, 3 up to 2M) and keeps, per n, the sorted keys and where each
+occurs; built once per corpus file and process (~16 bytes per token per n).
+"""
+
+from __future__ import annotations
+
+import functools
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from drafttree.errors import DraftTreeError
+from drafttree.sources.base import Calibration, Proposal, RoundContext
+from drafttree.tree import Candidates
+
+CORPUS_FILE = "corpus.npz"  # next to a head: ``tokens``, the target's answers (int32), -1 between them
+SHARE_EDGES = (0.25, 0.5, 0.75)  # share of the occurrences that agree on a node
+COUNT_EDGES = (2, 5)  # how many occurrences agree (1, 2-4, 5+)
+DEPTHS = 4  # depth buckets 1, 2, 3, 4+
+
+
+def _bucket(x: float, edges: tuple) -> int:
+    return sum(x >= e for e in edges)
+
+
+class CorpusIndex:
+    """n-gram -> positions that followed it in a fixed token array (documents separated by a negative id)."""
+
+    def __init__(self, tokens: np.ndarray, max_ngram: int = 4):
+        tokens = np.asarray(tokens, dtype=np.int64)
+        self.vocab = int(tokens.max()) + 1 if tokens.size else 1
+        self.bits = max(1, self.vocab.bit_length())  # room for one id more than the corpus uses: the separator
+        self.max_ngram = max(2, min(int(max_ngram), 64 // self.bits))
+        self.sep = (1 << self.bits) - 1
+        ids = np.where(tokens < 0, self.sep, tokens)
+        self.tokens = ids
+        self.keys: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+        packed = ids.astype(np.uint64)
+        for n in range(2, self.max_ngram + 1):
+            if ids.size < n:
+                continue
+            k = np.zeros(ids.size - n + 1, dtype=np.uint64)
+            ok = np.ones(k.size, dtype=bool)
+            for j in range(n):
+                k = (k << np.uint64(self.bits)) | packed[j:ids.size - n + 1 + j]
+                ok &= ids[j:ids.size - n + 1 + j] != self.sep  # no n-gram that spans a separator
+            where = np.nonzero(ok)[0]
+            order = np.argsort(k[where], kind="stable")
+            self.keys[n] = (k[where][order], where[order] + n)
+
+    def lookup(self, suffix: list[int], max_occurrences: int = 64) -> tuple[int, np.ndarray]:
+        """(n, start positions of what followed the latest ``max_occurrences`` occurrences of the suffix's last n
+        tokens), the longest n that occurs; (0, []) when none does."""
+        for n in range(min(self.max_ngram, len(suffix)), 1, -1):
+            if n not in self.keys:
+                continue
+            last = suffix[-n:]
+            if not all(0 <= t < self.vocab for t in last):
+                continue
+            q = 0
+            for t in last:
+                q = (q << self.bits) | int(t)
+            keys, starts = self.keys[n]
+            q = np.uint64(q)
+            a, b = int(np.searchsorted(keys, q, "left")), int(np.searchsorted(keys, q, "right"))
+            if b > a:
+                return n, starts[max(a, b - max_occurrences):b]
+        return 0, np.zeros(0, dtype=np.int64)
+
+
+def cells_shape() -> tuple[int, int, int, int]:
+    return (5, len(SHARE_EDGES) + 1, len(COUNT_EDGES) + 1, DEPTHS)  # n in 0..4 (0, 1 unused)
+
+
+def corpus_cell(n: int, share: float, count: int, depth: int) -> int:
+    _, s, c, d = cells_shape()
+    return ((min(n, 4) * s + _bucket(share, SHARE_EDGES)) * c + _bucket(count, COUNT_EDGES)) * d + min(depth, d) - 1
+
+
+def corpus_prior() -> torch.Tensor:
+    """Before any observation: longer matches and more agreement do better; deeper nodes a little worse."""
+    n_, s_, c_, d_ = cells_shape()
+    out = torch.zeros(n_, s_, c_, d_)
+    for n in range(n_):
+        for s in range(s_):
+            for c in range(c_):
+                for d in range(d_):
+                    out[n, s, c, d] = min(0.85, (0.15 + 0.1 * n) * (0.5 + 0.25 * s) * (1 + 0.1 * c) + 0.05 * d)
+    return out.reshape(-1)
+
+
+@functools.lru_cache(maxsize=4)
+def load_corpus(path: str, max_ngram: int = 4) -> CorpusIndex:
+    """The index of a corpus file (``.npz`` with ``tokens``, or a ``.npy``: token ids, -1 between documents), built
+    once per process."""
+    p = Path(path)
+    if not p.exists():
+        raise DraftTreeError(f"corpus not found: {p}")
+    try:
+        data = np.load(p, allow_pickle=False)
+        tokens = data["tokens"] if isinstance(data, np.lib.npyio.NpzFile) else data
+    except (ValueError, KeyError, OSError) as e:
+        raise DraftTreeError(f"{p} is not a corpus (.npz with 'tokens', or .npy of token ids): {e}") from None
+    if tokens.ndim != 1 or not np.issubdtype(tokens.dtype, np.integer):
+        raise DraftTreeError(f"{p} must hold a 1-D integer array of token ids, not {tokens.dtype} {tokens.shape}")
+    return CorpusIndex(tokens, max_ngram)
+
+
+class CorpusSource:
+    """Retrieval from a fixed corpus of the target's answers (see the module doc)."""
+
+    name = "corpus"
+    cost = 0.0
+
+    def __init__(self, index: CorpusIndex, num_tokens: int = 8, max_candidates: int = 8,
+                 max_occurrences: int = 64):
+        self.index = index
+        self.num_tokens, self.max_candidates, self.max_occurrences = num_tokens, max_candidates, max_occurrences
+        self.calibration = Calibration(corpus_prior())
+
+    def begin(self, prompt: torch.Tensor, prefill_features: torch.Tensor, root: int) -> None:
+        pass
+
+    def observe(self, committed: list[int], features: torch.Tensor, next_root: int) -> None:
+        pass
+
+    def propose(self, rc: RoundContext, index: int) -> Proposal | None:
+        k = min(self.num_tokens, rc.max_depth)
+        if k <= 0:
+            return None
+        n, starts = self.index.lookup(rc.context[-self.index.max_ngram:] if rc.context else [],
+                                      self.max_occurrences)
+        if n == 0:
+            return None
+        toks, sep = self.index.tokens, self.index.sep
+        conts = Counter()
+        for s in starts.tolist():
+            seq = toks[s:s + k].tolist()
+            if sep in seq:
+                seq = seq[:seq.index(sep)]
+            if seq:
+                conts[tuple(seq)] += 1
+        total = sum(conts.values())
+        if not total:
+            return None
+        child: dict[tuple[int, int], int] = {}
+        tokens, parents, counts, depths = [], [], [], []
+        for seq, c in conts.most_common(self.max_candidates):
+            node = -1
+            for d, tok in enumerate(seq):
+                key = (node, tok)
+                if key not in child:
+                    child[key] = len(tokens)
+                    tokens.append(tok)
+                    parents.append(node)
+                    counts.append(0)
+                    depths.append(d + 1)
+                node = child[key]
+                counts[node] += c
+        cells = torch.tensor([corpus_cell(n, c / total, c, d) for c, d in zip(counts, depths)], dtype=torch.long)
+        if rc.min_accept > 0:  # a batch's bar: is any first token good enough?
+            first = [i for i, p in enumerate(parents) if p < 0]
+            if max(self.calibration.rate_of(int(cells[i])) for i in first) < rc.min_accept:
+                return None
+        cond = self.calibration.logp(cells)
+        score = cond.tolist()
+        for i, q in enumerate(parents):  # parents come before children
+            if q >= 0:
+                score[i] += score[q]
+        cands = Candidates(torch.tensor(tokens, dtype=torch.long), torch.tensor(parents, dtype=torch.long), cond,
+                           torch.tensor(score, dtype=cond.dtype), cond.clone())
+        return Proposal(index, cands, cells)
+
+
+def write_corpus(distilled: str | Path, out: str | Path) -> dict:
+    """The target's answers in a distilled JSONL (``drafttree data distill``) as a corpus file: a compressed
+    ``.npz`` holding ``tokens`` (int32, -1 between answers)."""
+    from drafttree.train.data import iter_distilled
+
+    parts, answers = [], 0
+    for rec in iter_distilled(distilled):
+        ids = rec.get("response_ids") or []
+        if ids:
+            parts.append(np.asarray(ids, dtype=np.int32))
+            parts.append(np.array([-1], dtype=np.int32))
+            answers += 1
+    if not parts:
+        raise DraftTreeError(f"no answers in {distilled}")
+    tokens = np.concatenate(parts)
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    np.savez_compressed(out, tokens=tokens)
+    return {"answers": answers, "tokens": int(tokens.size - answers), "file": str(out),
+            "bytes": out.stat().st_size}
