@@ -50,7 +50,8 @@ def main() -> None:
     data = json.loads(path.read_text()) if path.exists() else {}
     if args.temperature > 0:
         data["sampled"] = fit
-    else:
+    else:  # greedy fits of other sources (e.g. the corpus source's, from `drafttree data corpus`) stay
+        data.setdefault("sources", {}).update(fit.pop("sources"))
         data.update(fit)
     path.write_text(json.dumps(data))
     print(f"wrote {Path(args.out) / PRIORS_FILE}")

@@ -94,5 +94,8 @@ def test_shipped_corpus_is_found_next_to_the_head(default_fp32, tmp_path):
     np.save(tmp_path / "mine.npy", _tokens())
     own = make_drafter("hybrid", default_fp32, None, head, sources="ngram+corpus", corpus=str(tmp_path / "mine.npy"))
     assert [s.name for s in own.sources] == ["ngram", "corpus"] and own.sources[1].index.tokens.size == _tokens().size
+    np.save(tmp_path / "alien.npy", np.array([5, 6, 7, default_fp32.vocab_size + 10]))
+    with pytest.raises(DraftTreeError, match="another tokenizer"):
+        make_drafter("hybrid", default_fp32, None, head, sources="ngram+corpus", corpus=str(tmp_path / "alien.npy"))
     with pytest.raises(DraftTreeError, match="corpus not found"):
         make_drafter("hybrid", default_fp32, None, head, sources="ngram+corpus", corpus=str(tmp_path / "none.npz"))

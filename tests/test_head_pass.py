@@ -82,12 +82,18 @@ def test_prepared_chain_candidates():
     """The top-k children at each depth, the first of each the parent of the next depth; scores add up."""
     root = torch.log_softmax(torch.tensor([0.0, 3.0, 1.0, 2.0]), -1)
     child = torch.log_softmax(torch.tensor([2.0, 0.0, 0.5, 0.1]), -1)
-    prep = PreparedChain(root, [(1, child)])
+    prep = PreparedChain(root, [(11, child)])  # the token expanded, a target id (draft id 1)
     cands = prep.candidates(torch.tensor([10, 11, 12, 13]), top_k=2, max_depth=4, calibrate=lambda raw, d: raw)
     assert cands.tokens.tolist() == [11, 13, 10, 12]
     assert cands.parents.tolist() == [-1, -1, 0, 0]
     assert cands.levels == 1
     torch.testing.assert_close(cands.score[2:], cands.score[0] + child.topk(2).values)
+    tied = PreparedChain(torch.log_softmax(torch.tensor([0.0, 2.0, 2.0, 1.0]), -1), [(12, child)])
+    c2 = tied.candidates(torch.tensor([10, 11, 12, 13]), top_k=2, max_depth=4, calibrate=lambda raw, d: raw)
+    assert sorted(c2.tokens[:2].tolist()) == [11, 12]  # a tie: either may come first in the top-k
+    assert c2.parents[2:].tolist() == [c2.tokens[:2].tolist().index(12)] * 2  # children hang under the one expanded
+    gone = PreparedChain(root, [(99, child)])  # the expanded token is not among the top-k: the chain stops there
+    assert gone.candidates(None, top_k=2, max_depth=4, calibrate=lambda raw, d: raw).tokens.numel() == 2
     only_root = prep.candidates(None, top_k=3, max_depth=1, calibrate=lambda raw, d: raw)
     assert only_root.tokens.tolist() == [1, 3, 2] and only_root.levels == 0
 

@@ -16,6 +16,7 @@ import os
 import sys
 import time
 from collections import Counter
+from pathlib import Path
 
 from drafttree.errors import DraftTreeError
 
@@ -225,9 +226,17 @@ def cmd_data(args) -> int:
     from drafttree.train import data as D
 
     if args.stage == "corpus":
-        from drafttree.sources.corpus import write_corpus
+        from drafttree.sources.corpus import fit_greedy_prior, write_corpus
 
-        print(json.dumps(write_corpus(args.distilled, args.out)))
+        info = write_corpus(args.distilled, args.out)
+        if args.priors:
+            hits, trials = fit_greedy_prior(args.distilled)
+            path = Path(args.priors)
+            data = json.loads(path.read_text()) if path.exists() else {"sources": {}}
+            data.setdefault("sources", {})["corpus"] = {"hits": hits.tolist(), "trials": trials.tolist()}
+            path.write_text(json.dumps(data))
+            info.update(prior_trials=int(trials.sum()), prior_hits=int(hits.sum()))
+        print(json.dumps(info))
         return 0
     _threads(args.threads)
     if args.stage == "distill":
@@ -350,6 +359,9 @@ def build_parser() -> argparse.ArgumentParser:
     dc = dsub.add_parser("corpus", help="the target's distilled answers as a corpus for the corpus source (REST)")
     dc.add_argument("--distilled", required=True, help="distilled JSONL (drafttree data distill)")
     dc.add_argument("--out", required=True, help="output .npz (ship it next to the head as corpus.npz)")
+    dc.add_argument("--priors", default=None,
+                    help="also fit the source's greedy calibration on answers held out of the corpus and store it "
+                         "in this hybrid-priors.json (the head's)")
     d.set_defaults(func=cmd_data)
 
     for extra in _extra_parsers():

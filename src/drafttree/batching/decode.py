@@ -119,7 +119,7 @@ class BatchDecoder:
         for i, (seq, (cost, depth)) in enumerate(zip(rows, plans)):
             ask = getattr(seq.drafter, "batch_head", None)
             got = ask(cost, seq.sampling.greedy) if ask is not None and cost is not None else None
-            if got is not None:
+            if got is not None and depth >= 1:
                 parts.append(HeadRow(got[0], got[1], depth, seq.drafter))
                 where.append(i)
         spent = self.head_batch.draft(parts, len(rows)) if parts else 0.0

@@ -93,12 +93,17 @@ class PreparedChain:
             conds.append(cond)
             scores.append(cond + parent_score)
             raws.append(raw)
-            if d < depth:
-                parent, parent_score = n, float(scores[-1][0])
+            if d < depth:  # the child the pass expanded (ties may have put another first in this top-k)
+                where = (toks[-1] == self.levels[d - 1][0]).nonzero()
+                if where.numel() == 0:
+                    n += idx.numel()
+                    break
+                j = int(where[0])
+                parent, parent_score = n + j, float(scores[-1][j])
                 lp = self.levels[d - 1][1]
             n += idx.numel()
         return Candidates(torch.cat(toks).cpu(), torch.cat(pars), torch.cat(conds).cpu(), torch.cat(scores).cpu(),
-                          torch.cat(raws).cpu(), depth - 1)
+                          torch.cat(raws).cpu(), len(toks) - 1)
 
 
 @dataclass
@@ -120,7 +125,7 @@ class HeadBatch:
 
         self.max_depth = int(max_depth)
         self.gate = Gate(probe=8, max_probe=64)
-        self._last: tuple[list[HeadRow], float, int] | None = None
+        self._last: tuple[list[HeadRow], float, int, bool] | None = None
         self._catching_up = False
         self.passes = 0  # rounds that drafted (diagnostics, tests)
 
@@ -137,9 +142,11 @@ class HeadBatch:
             by_head.setdefault(id(r.source.head), []).append(r)
         for group in by_head.values():
             self._draft_group(group)
+        dev = rows[0].source.state.root_feat.device if rows[0].source.state.root_feat is not None else None
+        if dev is not None and dev.type == "cuda":
+            torch.cuda.synchronize(dev)
         spent = time.perf_counter() - t0
-        if not self._catching_up:
-            self._last = (rows, spent, batch_rows)
+        self._last = (rows, spent, batch_rows, self._catching_up)
         self.passes += 1
         return spent
 
@@ -151,8 +158,9 @@ class HeadBatch:
             if s.pending:
                 s._crop()
         flush = [(s, i) for s, i in flush if i is not None]
-        # a newcomer's prompt (or a long backlog) is encoded once, as a lone sequence's first round does: a cost of
-        # the row joining, not of the pass, so such a round is not measured
+        # a newcomer's prompt, or what rows committed while the gate was closed, is encoded once (as a lone
+        # sequence's first draft does): a cost of joining or of probing, not of drafting, so such a round's gain is
+        # weighed against the pass's usual cost, not this one
         self._catching_up |= any(int(i.ids.numel()) > CATCH_UP for _, i in flush)
         if flush:
             for (s, _), out in zip(flush, run_packed(head, [s for s, _ in flush], [i for _, i in flush])):
@@ -200,8 +208,13 @@ class HeadBatch:
         """After the round: the rows' head-only accepted tokens against the pass's share of the round."""
         if self._last is None:
             return
-        rows, spent, batch_rows = self._last
+        rows, spent, batch_rows, catching_up = self._last
         self._last = None
         gain = float(sum(getattr(r.drafter, "last_alone", {}).get(id(r.source), 0) for r in rows))
-        rest = max(1e-9, round_seconds - spent)
-        self.gate.record(bucket(batch_rows), gain, spent / rest, max(1.0, committed - gain))
+        situation = bucket(batch_rows)
+        share = spent / max(1e-9, round_seconds - spent)
+        if catching_up:
+            share = self.gate.cost.get(situation)
+            if share is None:  # nothing usual to go by yet: learn from the next round
+                return
+        self.gate.record(situation, gain, share, max(1.0, committed - gain))

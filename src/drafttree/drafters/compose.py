@@ -28,7 +28,7 @@ def make_hybrid(target, draft=None, head=None, o: HybridOptions | None = None) -
     if "ngram" in wanted:
         sources.append(NgramSource(max_ngram=o.max_ngram, num_tokens=o.num_tokens, max_candidates=o.max_candidates))
     if "corpus" in wanted:
-        corpus = _corpus_source(head, o)
+        corpus = _corpus_source(target, head, o)
         if corpus is not None:
             sources.append(corpus)
     if "head" in wanted and head is not None:
@@ -48,7 +48,7 @@ def make_hybrid(target, draft=None, head=None, o: HybridOptions | None = None) -
     return drafter
 
 
-def _corpus_source(head, o: HybridOptions):
+def _corpus_source(target, head, o: HybridOptions):
     """Retrieval from the corpus file given (``corpus=PATH``) or shipped next to the head; None without one."""
     from pathlib import Path
 
@@ -59,7 +59,11 @@ def _corpus_source(head, o: HybridOptions):
         path = Path(head.path) / CORPUS_FILE
     if path is None:
         return None
-    return CorpusSource(load_corpus(str(path)), num_tokens=o.num_tokens, max_candidates=o.max_candidates)
+    index = load_corpus(str(path))
+    if index.vocab > target.vocab_size:
+        raise DraftTreeError(f"corpus {path} holds token id {index.vocab - 1}, beyond {target.name}'s vocabulary "
+                             f"({target.vocab_size}): it was built with another tokenizer")
+    return CorpusSource(index, num_tokens=o.num_tokens, max_candidates=o.max_candidates)
 
 
 def make_switch(target, draft=None, head=None, o: SwitchOptions | None = None) -> SwitchDrafter:

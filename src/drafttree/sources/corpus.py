@@ -90,14 +90,15 @@ def corpus_cell(n: int, share: float, count: int, depth: int) -> int:
 
 
 def corpus_prior() -> torch.Tensor:
-    """Before any observation: longer matches and more agreement do better; deeper nodes a little worse."""
+    """Before any observation (and where no fitted prior ships): agreement matters most, then the number of
+    occurrences and n (the shape of what greedy verification accepted on held-out answers, docs/training.md)."""
     n_, s_, c_, d_ = cells_shape()
+    share, count, ngram = (0.06, 0.15, 0.25, 0.5), (0.7, 1.0, 1.4), (1.0, 1.0, 0.9, 1.0, 1.2)
     out = torch.zeros(n_, s_, c_, d_)
     for n in range(n_):
         for s in range(s_):
             for c in range(c_):
-                for d in range(d_):
-                    out[n, s, c, d] = min(0.85, (0.15 + 0.1 * n) * (0.5 + 0.25 * s) * (1 + 0.1 * c) + 0.05 * d)
+                out[n, s, c, :] = min(0.8, share[s] * count[c] * ngram[n])
     return out.reshape(-1)
 
 
@@ -109,10 +110,16 @@ def load_corpus(path: str, max_ngram: int = 4) -> CorpusIndex:
     if not p.exists():
         raise DraftTreeError(f"corpus not found: {p}")
     try:
-        data = np.load(p, allow_pickle=False)
-        tokens = data["tokens"] if isinstance(data, np.lib.npyio.NpzFile) else data
-    except (ValueError, KeyError, OSError) as e:
-        raise DraftTreeError(f"{p} is not a corpus (.npz with 'tokens', or .npy of token ids): {e}") from None
+        with open(p, "rb") as fh:
+            data = np.load(fh, allow_pickle=False)
+            if isinstance(data, np.lib.npyio.NpzFile):
+                with data:
+                    tokens = data["tokens"]
+            else:
+                tokens = data
+    except Exception as e:  # noqa: BLE001 - any unreadable file is the same one-line error
+        why = " ".join(str(e).split())[:200]
+        raise DraftTreeError(f"{p} is not a corpus (.npz with 'tokens', or .npy of token ids): {why}") from None
     if tokens.ndim != 1 or not np.issubdtype(tokens.dtype, np.integer):
         raise DraftTreeError(f"{p} must hold a 1-D integer array of token ids, not {tokens.dtype} {tokens.shape}")
     return CorpusIndex(tokens, max_ngram)
@@ -204,3 +211,43 @@ def write_corpus(distilled: str | Path, out: str | Path) -> dict:
     np.savez_compressed(out, tokens=tokens)
     return {"answers": answers, "tokens": int(tokens.size - answers), "file": str(out),
             "bytes": out.stat().st_size}
+
+
+def fit_greedy_prior(distilled: str | Path, holdout_every: int = 10, stride: int = 2, limit: int | None = None,
+                     progress=None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Hits and trials per cell at T = 0, measured on answers held out of the corpus (every ``holdout_every``-th
+    answer, by id): at every ``stride``-th position of a held-out answer the source proposes from an index of the
+    others, and every proposed node whose parent the answer follows is a trial, a hit when the answer's next token
+    is the node's. The answers are the target's greedy outputs, so this is what greedy verification accepts."""
+    import zlib
+
+    from drafttree.train.data import iter_distilled
+
+    keep, held = [], []
+    for rec in iter_distilled(distilled):
+        ids = rec.get("response_ids") or []
+        if ids:
+            (held if zlib.crc32(str(rec.get("id")).encode()) % holdout_every == 0 else keep).append(
+                (list(rec.get("prompt_ids") or []), list(ids)))
+    if not keep or not held:
+        raise DraftTreeError(f"{distilled}: too few answers (with distinct ids) to hold some out of the corpus")
+    tokens = np.concatenate([np.array(ids + [-1], dtype=np.int64) for _, ids in keep])
+    src = CorpusSource(CorpusIndex(tokens))
+    hits, trials = torch.zeros_like(src.calibration.prior), torch.zeros_like(src.calibration.prior)
+    for prompt, answer in held[:limit]:
+        for t in range(1, len(answer), stride):
+            prop = src.propose(RoundContext(prompt + answer[:t], answer[t - 1], 8, None, []), 0)
+            if prop is None:
+                continue
+            toks, pars, cells = prop.cands.tokens.tolist(), prop.cands.parents.tolist(), prop.cells.tolist()
+            on_path = {-1: 0}  # node -> depth of the answer it stands for, for nodes the answer follows
+            for i, (tok, p) in enumerate(zip(toks, pars)):
+                if p in on_path:
+                    depth = on_path[p]
+                    trials[cells[i]] += 1
+                    if t + depth < len(answer) and answer[t + depth] == tok:
+                        hits[cells[i]] += 1
+                        on_path[i] = depth + 1
+        if progress is not None:
+            progress()
+    return hits, trials
