@@ -72,6 +72,48 @@ class Proposal:
         return float(self.cands.score.exp().sum()) if self.cands.tokens.numel() else 0.0
 
 
+class Trie:
+    """Continuations merged from the root: per node its token, parent (parents before children), depth, the total
+    weight of the continuations through it (how many agree) and the largest ``tag`` among them (e.g. match length)."""
+
+    def __init__(self):
+        self.child: dict[tuple[int, int], int] = {}
+        self.tokens: list[int] = []
+        self.parents: list[int] = []
+        self.depths: list[int] = []
+        self.weights: list[int] = []
+        self.tags: list[int] = []
+
+    def add(self, seq, weight: int = 1, tag: int = 0) -> None:
+        node = -1
+        for d, tok in enumerate(seq):
+            i = self.child.get((node, tok))
+            if i is None:
+                i = self.child[(node, tok)] = len(self.tokens)
+                self.tokens.append(tok)
+                self.parents.append(node)
+                self.depths.append(d + 1)
+                self.weights.append(0)
+                self.tags.append(tag)
+            self.weights[i] += weight
+            self.tags[i] = max(self.tags[i], tag)
+            node = i
+
+
+def trie_proposal(index: int, tokens: list[int], parents: list[int], cells: torch.Tensor,
+                  calibration: Calibration) -> Proposal:
+    """A source's trie (parents before children) as a proposal: each node's conditional acceptance from its cell,
+    its score the sum along its path (host floats: no per-node tensor ops)."""
+    cond = calibration.logp(cells)
+    score = cond.tolist()
+    for i, q in enumerate(parents):
+        if q >= 0:
+            score[i] += score[q]
+    cands = Candidates(torch.tensor(tokens, dtype=torch.long), torch.tensor(parents, dtype=torch.long), cond,
+                       torch.tensor(score, dtype=cond.dtype), cond.clone())
+    return Proposal(index, cands, cells)
+
+
 @dataclass
 class RoundContext:
     """What a source sees each round besides the request: what earlier (cheaper) sources proposed."""

@@ -22,8 +22,7 @@ import numpy as np
 import torch
 
 from drafttree.errors import DraftTreeError
-from drafttree.sources.base import Calibration, Proposal, RoundContext
-from drafttree.tree import Candidates
+from drafttree.sources.base import Calibration, Proposal, RoundContext, Trie, trie_proposal
 
 CORPUS_FILE = "corpus.npz"  # next to a head: ``tokens``, the target's answers (int32), -1 between them
 SHARE_EDGES = (0.25, 0.5, 0.75)  # share of the occurrences that agree on a node
@@ -162,33 +161,17 @@ class CorpusSource:
         total = sum(conts.values())
         if not total:
             return None
-        child: dict[tuple[int, int], int] = {}
-        tokens, parents, counts, depths = [], [], [], []
+        trie = Trie()
         for seq, c in conts.most_common(self.max_candidates):
-            node = -1
-            for d, tok in enumerate(seq):
-                key = (node, tok)
-                if key not in child:
-                    child[key] = len(tokens)
-                    tokens.append(tok)
-                    parents.append(node)
-                    counts.append(0)
-                    depths.append(d + 1)
-                node = child[key]
-                counts[node] += c
-        cells = torch.tensor([corpus_cell(n, c / total, c, d) for c, d in zip(counts, depths)], dtype=torch.long)
+            trie.add(seq, c)
+        parents = trie.parents
+        cells = torch.tensor([corpus_cell(n, c / total, c, d) for c, d in zip(trie.weights, trie.depths)],
+                             dtype=torch.long)
         if rc.min_accept > 0:  # a batch's bar: is any first token good enough?
             first = [i for i, p in enumerate(parents) if p < 0]
             if max(self.calibration.rate_of(int(cells[i])) for i in first) < rc.min_accept:
                 return None
-        cond = self.calibration.logp(cells)
-        score = cond.tolist()
-        for i, q in enumerate(parents):  # parents come before children
-            if q >= 0:
-                score[i] += score[q]
-        cands = Candidates(torch.tensor(tokens, dtype=torch.long), torch.tensor(parents, dtype=torch.long), cond,
-                           torch.tensor(score, dtype=cond.dtype), cond.clone())
-        return Proposal(index, cands, cells)
+        return trie_proposal(index, trie.tokens, parents, cells, self.calibration)
 
 
 def write_corpus(distilled: str | Path, out: str | Path) -> dict:

@@ -12,8 +12,7 @@ from __future__ import annotations
 
 import torch
 
-from drafttree.sources.base import Calibration, Proposal, RoundContext
-from drafttree.tree import Candidates
+from drafttree.sources.base import Calibration, Proposal, RoundContext, Trie, trie_proposal
 
 MATCH_BUCKETS = (1, 2, 3, 4, 8)  # match length >= edge
 COUNT_BUCKETS = (1, 2, 3)
@@ -120,12 +119,6 @@ class NgramSource:
             return None
         self.index.sync(rc.context)
         toks = self.index.tokens
-        child: dict[tuple[int, int], int] = {}
-        tokens: list[int] = []
-        parents: list[int] = []
-        counts: list[int] = []
-        matches: list[int] = []
-        depths: list[int] = []
         found = self.index.matches(self.max_candidates)
         if rc.min_accept > 0 and found:  # every node scores at most its first token: is any first token good enough?
             first: dict[int, tuple[int, int]] = {}
@@ -135,29 +128,11 @@ class NgramSource:
                     first[toks[p]] = (c + 1, max(best, m))
             if max((self.calibration.rate_of(cell(m, c, 1)) for c, m in first.values()), default=0.0) < rc.min_accept:
                 return None
+        trie = Trie()
         for p, m in found:
-            node = -1
-            for d, tok in enumerate(toks[p:p + k]):
-                key = (node, tok)
-                if key not in child:
-                    child[key] = len(tokens)
-                    tokens.append(tok)
-                    parents.append(node)
-                    counts.append(0)
-                    matches.append(m)
-                    depths.append(d + 1)
-                node = child[key]
-                counts[node] += 1
-                matches[node] = max(matches[node], m)
-        if not tokens:
+            trie.add(toks[p:p + k], 1, m)
+        if not trie.tokens:
             return None
-        cells = torch.tensor([cell(m, c, d) for m, c, d in zip(matches, counts, depths)], dtype=torch.long)
-        cond = self.calibration.logp(cells)
-        par = torch.tensor(parents, dtype=torch.long)
-        score = cond.tolist()
-        for i, q in enumerate(parents):  # parents come before children (host floats: no per-node tensor ops)
-            if q >= 0:
-                score[i] += score[q]
-        score = torch.tensor(score, dtype=cond.dtype)
-        cands = Candidates(torch.tensor(tokens, dtype=torch.long), par, cond, score, cond.clone())
-        return Proposal(index, cands, cells)
+        cells = torch.tensor([cell(m, c, d) for m, c, d in zip(trie.tags, trie.weights, trie.depths)],
+                             dtype=torch.long)
+        return trie_proposal(index, trie.tokens, trie.parents, cells, self.calibration)
