@@ -72,6 +72,8 @@ def test_corpus_files_round_trip_and_bad_files_are_one_line_errors(tmp_path):
     assert info["answers"] == 4 and info["tokens"] == sum(map(len, DOCS))
     ix = load_corpus(str(tmp_path / "c.npz"))
     assert ix.tokens.size == _tokens().size and ix.lookup([0, 5, 6, 7])[0] == 3
+    with pytest.raises(DraftTreeError, match="not found"):
+        write_corpus(tmp_path / "none.jsonl", tmp_path / "c2.npz")
     (tmp_path / "bad.npz").write_bytes(b"not a numpy file")
     for path in (tmp_path / "missing.npz", tmp_path / "bad.npz"):
         with pytest.raises(DraftTreeError) as e:

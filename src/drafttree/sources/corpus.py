@@ -179,6 +179,8 @@ def write_corpus(distilled: str | Path, out: str | Path) -> dict:
     ``.npz`` holding ``tokens`` (int32, -1 between answers)."""
     from drafttree.train.data import iter_distilled
 
+    if not Path(distilled).is_file():
+        raise DraftTreeError(f"distilled answers not found: {distilled}")
     parts, answers = [], 0
     for rec in iter_distilled(distilled):
         ids = rec.get("response_ids") or []
