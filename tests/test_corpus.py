@@ -92,7 +92,9 @@ def test_shipped_corpus_is_found_next_to_the_head(default_fp32, tmp_path):
     drafter = make_drafter("hybrid", default_fp32, None, head, sources="ngram+corpus+head")
     assert [s.name for s in drafter.sources] == ["ngram", "corpus", "head"]
     assert drafter.sources[1].index.tokens.size > 100_000
-    assert [s.name for s in make_drafter("hybrid", default_fp32, None, head).sources] == ["ngram", "head"]
+    assert [s.name for s in make_drafter("hybrid", default_fp32, None, head).sources] == ["ngram", "corpus", "head"]
+    assert [s.name for s in make_drafter("hybrid", default_fp32, None, head, sources="ngram+head").sources] == [
+        "ngram", "head"]
     np.save(tmp_path / "mine.npy", _tokens())
     own = make_drafter("hybrid", default_fp32, None, head, sources="ngram+corpus", corpus=str(tmp_path / "mine.npy"))
     assert [s.name for s in own.sources] == ["ngram", "corpus"] and own.sources[1].index.tokens.size == _tokens().size

@@ -110,7 +110,7 @@ class HybridOptions:
     """Every loaded source in one ranked tree (see drafters/hybrid.py)."""
 
     ALIASES: ClassVar[dict[str, str]] = {}
-    sources: str = _opt("ngram+head+draft", "str", None, "sources to use, joined by +")
+    sources: str = _opt("ngram+corpus+head+draft", "str", None, "sources to use, joined by +")
     top_k: int = _opt(8, "int", 1, "model sources' frontier width")
     depth: int = _opt(8, "int", 1, "model sources' deepest level")
     total_tokens: int | str = _opt(AUTO, "size", 1, "tree tokens verified, or auto (fitted to this machine)")
