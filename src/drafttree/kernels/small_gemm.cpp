@@ -88,6 +88,11 @@ struct Segment {
   float* out;
 };
 
+// A float32 row alone streams best in tiles of ACC weight rows on the hardware prefetchers alone; a bf16 row (and
+// several rows) in narrow blocks with the next one prefetched. Both paths sum each output in the same order.
+template <typename T>
+constexpr bool wide_one_row(int64_t M) { return M == 1 && !std::is_same_v<T, at::BFloat16>; }
+
 // Weight rows [n, n + step) of one segment times every input row.
 template <typename T>
 inline void block(const T* x, int64_t M, int64_t K, const Segment<T>& seg, int64_t n, int64_t step, bool few) {
@@ -96,10 +101,9 @@ inline void block(const T* x, int64_t M, int64_t K, const Segment<T>& seg, int64
   float* out = seg.out;
   if (n + step <= N) {
     // the next block is prefetched while this one computes (4+ rows: the linears of a SmolLM2 forward 4 rows
-    // 27 -> 24 ms, 16 rows 50 -> 42); a float32 one-row product streams faster in wide blocks on the hardware
-    // prefetchers alone (20 vs 24), a bf16 one in narrow prefetched ones (Zen 4: 19-22 -> 33-37 GB/s)
+    // 27 -> 24 ms, 16 rows 50 -> 42; a bf16 row alone on Zen 4 19-22 -> 33-37 GB/s); see wide_one_row
     const T* next = n + 2 * step <= N ? w + (n + step) * K : nullptr;
-    if (M == 1 && !std::is_same_v<T, at::BFloat16>) tile<T, 1, ACC>(x, w + n * K, K, out + n, N);
+    if (wide_one_row<T>(M)) tile<T, 1, ACC>(x, w + n * K, K, out + n, N);
     else if (few) rows_times_cols<T, FEW_ROWS_COLS>(x, M, w + n * K, K, out + n, N, next);
     else rows_times_cols<T, TILE_COLS>(x, M, w + n * K, K, out + n, N, next);
   } else {
@@ -116,7 +120,7 @@ void gemm(const T* x, int64_t M, int64_t K, const std::vector<Segment<T>>& segs)
   // one float32 row: ACC weight rows per tile; fewer rows than a tile (or one bf16 row): FEW_ROWS_COLS weight rows
   // (memory-bound: prefetched blocks); more: TILE_ROWS x TILE_COLS tiles (bound by arithmetic: every register used)
   const bool few = M < TILE_ROWS;
-  const int64_t step = M == 1 && !std::is_same_v<T, at::BFloat16> ? ACC : (few ? FEW_ROWS_COLS : TILE_COLS);
+  const int64_t step = wide_one_row<T>(M) ? ACC : (few ? FEW_ROWS_COLS : TILE_COLS);
   std::vector<int64_t> first(segs.size() + 1, 0);  // first block of each segment
   for (size_t s = 0; s < segs.size(); ++s) first[s + 1] = first[s] + (segs[s].N + step - 1) / step;
   at::parallel_for(0, first.back(), M == 1 ? 8 : 16, [&](int64_t b0, int64_t b1) {
