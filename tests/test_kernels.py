@@ -48,6 +48,25 @@ def test_a_row_does_not_depend_on_the_rows_beside_it(dtype):
 
 
 @needs_kernel
+def test_bf16_rows_agree_across_the_kernel_paths_at_every_magnitude():
+    """Few bf16 rows take FMAs, many take vdpbf16ps where this CPU's matches them bit for bit (``bf16_dot``): values
+    from 2^-120 to 2^20, so products underflow to denormals (flushed on both paths) and sums cancel."""
+    g = torch.Generator().manual_seed(2)
+    k = 96 + 5
+    scale = torch.pow(2.0, torch.randint(-60, 10, (MAX_ROWS, k), generator=g).float())
+    x = (torch.randn(MAX_ROWS, k, generator=g) * scale).bfloat16()
+    w = (torch.randn(40, k, generator=g) * torch.pow(2.0, torch.randint(-60, 10, (40, k), generator=g).float())).bfloat16()
+    alone = torch.cat([ext.linear(x[i:i + 1], w) for i in range(MAX_ROWS)])
+    for m in (2, 3, 4, 5, 6, 7, 9, 16, MAX_ROWS):
+        assert torch.equal(ext.linear(x[:m], w), alone[:m]), m
+    ref = F.linear(x.double(), w.double())
+    assert torch.isfinite(alone.float()).all()
+    big = ref.abs() > 1e-20  # away from the flushed range, the products are the reference's up to one bf16 rounding
+    torch.testing.assert_close(alone.double()[big], ref.to(torch.bfloat16).double()[big], rtol=1 / 64, atol=0)
+    assert isinstance(ext.bf16_dot, bool)
+
+
+@needs_kernel
 def test_only_inside_fast_linears_and_only_where_it_applies():
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(64, 96), torch.nn.Linear(96, 10, bias=False))

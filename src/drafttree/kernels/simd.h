@@ -25,6 +25,20 @@ inline vec vload(const at::BFloat16* p) {  // bf16 -> float32 is exact: the bits
   __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
   return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
 }
+// 2 x LANES bf16 values as two float32 vectors (exact): lane i gets element 2i+1 (odd) and element 2i (even)
+using raw = __m512i;
+inline raw rload(const at::BFloat16* p) { return _mm512_loadu_si512(p); }
+inline void in_register(raw& v) { asm("" : "+v"(v)); }
+inline vec odd_half(raw v) { return _mm512_castsi512_ps(_mm512_and_si512(v, _mm512_set1_epi32(static_cast<int>(0xFFFF0000u)))); }
+inline vec even_half(raw v) { return _mm512_castsi512_ps(_mm512_slli_epi32(v, 16)); }
+#if defined(__AVX512BF16__)
+constexpr bool HAS_DOT = true;
+// vdpbf16ps: lane i += x[2i+1] w[2i+1], then += x[2i] w[2i] (products exact in float32), with DAZ and FTZ
+inline vec vdot(raw x, raw w, vec acc) { return _mm512_dpbf16_ps(acc, (__m512bh)x, (__m512bh)w); }
+#else
+constexpr bool HAS_DOT = false;
+inline vec vdot(raw, raw, vec acc) { return acc; }
+#endif
 
 // Sixteen accumulators -> one vector of their lane sums; every accumulator is folded by the same tree
 // (lanes i+8, then i+4, i+2, i+1), so the order of a sum does not depend on which accumulators go with it.
@@ -66,6 +80,13 @@ inline vec vload(const at::BFloat16* p) {
   __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
   return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
 }
+using raw = __m256i;
+inline raw rload(const at::BFloat16* p) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)); }
+inline void in_register(raw& v) { asm("" : "+x"(v)); }
+inline vec odd_half(raw v) { return _mm256_castsi256_ps(_mm256_and_si256(v, _mm256_set1_epi32(static_cast<int>(0xFFFF0000u)))); }
+inline vec even_half(raw v) { return _mm256_castsi256_ps(_mm256_slli_epi32(v, 16)); }
+constexpr bool HAS_DOT = false;
+inline vec vdot(raw, raw, vec acc) { return acc; }
 
 // Eight accumulators -> one vector of their lane sums, each folded as ((l0+l1)+(l2+l3))+((l4+l5)+(l6+l7)).
 inline vec vexp_parts(vec n, vec p) {  // p * 2^n for integral n in [-126, 0]
