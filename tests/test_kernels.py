@@ -53,9 +53,11 @@ def test_bf16_rows_agree_across_the_kernel_paths_at_every_magnitude():
     from 2^-120 to 2^20, so products underflow to denormals (flushed on both paths) and sums cancel."""
     g = torch.Generator().manual_seed(2)
     k = 96 + 5
-    scale = torch.pow(2.0, torch.randint(-60, 10, (MAX_ROWS, k), generator=g).float())
-    x = (torch.randn(MAX_ROWS, k, generator=g) * scale).bfloat16()
-    w = (torch.randn(40, k, generator=g) * torch.pow(2.0, torch.randint(-60, 10, (40, k), generator=g).float())).bfloat16()
+    def spread(rows: int) -> torch.Tensor:
+        scale = torch.pow(2.0, torch.randint(-60, 10, (rows, k), generator=g).float())
+        return (torch.randn(rows, k, generator=g) * scale).bfloat16()
+
+    x, w = spread(MAX_ROWS), spread(40)
     alone = torch.cat([ext.linear(x[i:i + 1], w) for i in range(MAX_ROWS)])
     for m in (2, 3, 4, 5, 6, 7, 9, 16, MAX_ROWS):
         assert torch.equal(ext.linear(x[:m], w), alone[:m]), m
