@@ -8,10 +8,14 @@ curve to maximise expected tokens per unit of time; N = 1 (the root alone, plain
 expected to pay for its verification. After verification every verified node whose parent was accepted
 updates its source's calibration cell, and a :class:`Gate` stops running a costly source while its own
 accepted tokens (those no other source proposed) do not pay for its drafting. No decision reads a clock:
-sizes come from the cached cost curve and counters, so a seeded run reproduces.
+sizes come from the cached cost curve and counters, so a seeded run reproduces. The one exception is batched
+rounds of unseeded rows (seeded rows in a batch draft as if alone): there even the free sources' drafting time
+delays every row, and a :class:`Gate` on the row's measured drafting time stops rows whose drafts do not pay for it.
 """
 
 from __future__ import annotations
+
+import time
 
 import torch
 
@@ -140,6 +144,10 @@ class HybridDrafter(Drafter):
         # the n-gram source alone and lost with the head); batched rounds use the free sources unless this is set
         self.costly_in_batches = costly_in_batches
         self.batch_pass = batch_pass  # ... or a batch pass drafts every row's head at once (batching/head_pass.py)
+        # in a batch, drafting at all must pay for its time (Python, ~0.35 ms a row: 15% of a 16-row round): the
+        # row's accepted drafts against the tokens the whole batch could have made in that time
+        self.batch_gate = Gate(enabled=gate)
+        self._batch: tuple | None = None  # (batch size bucket, drafting seconds, round forward seconds, tokens)
         self.last_alone: dict[int, int] = {}  # per source (id): accepted tokens last round no other source proposed
         self._round: tuple | None = None
         self._fresh = True
@@ -150,6 +158,8 @@ class HybridDrafter(Drafter):
             s.begin(prompt, prefill_features, root)
         for g in self.gates:
             g.reset()
+        self.batch_gate.reset()
+        self._batch = None
         self._round = None
         self._fresh = True
         self.source_accepts = [0] * len(self.sources)
@@ -201,6 +211,18 @@ class HybridDrafter(Drafter):
             self._start_generation(req.reproducible, req.sampling.greedy)
         if req.max_depth <= 0:
             return DraftTree.root_only(req.root)
+        t0 = time.perf_counter()
+        batched = req.cost is not None and self.total_tokens is None
+        # one gate state per batch size (1, 2-3, 4-7, ...): what pays in a batch of 16 may well pay in one of 2
+        size = int(getattr(req.cost, "rows", 2)).bit_length() if batched else 0
+        if batched and not self.batch_gate.allow(size):
+            return DraftTree.root_only(req.root)
+        tree = self._propose(req)
+        if batched:
+            self._batch = (size, time.perf_counter() - t0, req.cost.verify(1), 1.0 + float(req.cost.extra_tokens))
+        return tree
+
+    def _propose(self, req: DraftRequest) -> DraftTree:
         rc = RoundContext(req.context, req.root, req.max_depth, req.sampling, [], self._bar(req.cost))
         limit = self.total_tokens if self.total_tokens is not None else self.budget.max_total
         merged = MergedTree(req.root)
@@ -246,11 +268,17 @@ class HybridDrafter(Drafter):
         return tree
 
     def observe(self, committed: list[int], features: torch.Tensor, next_root: int) -> None:
+        t0 = time.perf_counter()
         if self._round is not None:
             self._learn(committed)
             self._round = None
         for s in self.sources:
             s.observe(committed, features, next_root)
+        if self._batch is not None:
+            size, spent, forward, tokens = self._batch
+            spent += time.perf_counter() - t0
+            self.batch_gate.record(size, float(len(committed) - 1), spent / max(1e-9, forward), tokens)
+            self._batch = None
 
     def _learn(self, committed: list[int]) -> None:
         merged, keep, ran = self._round
