@@ -416,3 +416,35 @@ def test_a_batch_bar_skips_only_trees_that_cannot_pay(others, extra):
     first = src.calibration.rate_of(src.propose(RoundContext(ctx, 7, 4, Sampling(), []), 0).cells[0].item())
     assert src.propose(RoundContext(ctx, 7, 4, Sampling(), [], min_accept=first * 0.99), 0) is not None
     assert src.propose(RoundContext(ctx, 7, 4, Sampling(), [], min_accept=first * 1.01), 0) is None
+
+
+def test_a_batched_row_stops_drafting_when_its_drafts_never_pay_and_a_row_alone_does_not():
+    """In a batched round a row's drafting time delays every row: a row whose drafts are never accepted stops drafting
+    (probing now and then), one whose drafts are accepted keeps drafting, and outside a batch (``cost`` None, or a
+    seeded row, which the batch decoder hands no share) nothing is gated on time."""
+    from drafttree.budget import BatchShare, CostModel, TreeBudget
+    from drafttree.drafters.base import DraftRequest
+
+    curve = CostModel([1, 2, 4, 8, 16, 32, 64], [1.0, 1.02, 1.08, 1.15, 1.6, 2.6, 4.4])
+
+    class Counting(ConstantSource):
+        calls = 0
+
+        def propose(self, rc, index):
+            Counting.calls += 1
+            return super().propose(rc, index)
+
+    def drafts(share, accepted, rounds=40):
+        Counting.calls = 0
+        hd = HybridDrafter([Counting([3, 4, 5], prior=0.95)], budget=TreeBudget(curve, max_total=16, min_total=1))
+        hd.begin(torch.tensor([1, 2]), torch.zeros(2, 4), 2)
+        for _ in range(rounds):
+            hd.propose(DraftRequest([1, 2, 2], 2, 8, Sampling(), None, cost=share))
+            committed = [2, 3, 4, 5] if accepted else [2]
+            hd.observe(committed, torch.zeros(len(committed), 4), 7)
+        return Counting.calls
+
+    batch = BatchShare(curve, 15, 16, others_tokens=15.0)
+    assert 0 < drafts(batch, accepted=False) < 15, "a row whose drafts never pay must stop drafting, but probe"
+    assert drafts(batch, accepted=True) == 40
+    assert drafts(None, accepted=False) == 40
