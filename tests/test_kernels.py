@@ -266,3 +266,36 @@ def test_a_llama_forward_runs_every_layer_op_through_the_kernels_only_inside_the
     assert inside == {"linears": 2 * layers_n, "linear": 2 * layers_n + 1, "rms_norm": 2 * layers_n + 1,
                       "rotary": layers_n}, inside
     torch.testing.assert_close(got, ref, rtol=1e-4, atol=1e-4)
+
+
+def test_weights_moved_to_huge_pages_keep_their_values_ties_and_outputs(monkeypatch):
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from drafttree.kernels import memory
+
+    torch.manual_seed(2)
+    model = LlamaForCausalLM(LlamaConfig(vocab_size=64, hidden_size=48, intermediate_size=96, num_hidden_layers=2,
+                                         num_attention_heads=4, num_key_value_heads=2,
+                                         tie_word_embeddings=True)).eval().to(torch.bfloat16)
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    ids = torch.randint(0, 64, (1, 7))
+    with torch.no_grad():
+        ref = model(ids).logits
+    monkeypatch.setenv("DRAFTTREE_HUGE_PAGES", "0")
+    assert memory.move_to_huge_pages(model) == 0  # switched off: nothing moved
+    monkeypatch.setenv("DRAFTTREE_HUGE_PAGES", "1")
+    if not memory.huge_pages_available():
+        pytest.skip("no transparent huge pages here")
+    moved = memory.move_to_huge_pages(model)
+    params = dict(model.named_parameters())
+    assert moved >= sum(p.numel() * p.element_size() for p in params.values())
+    assert all(torch.equal(params[n], before[n]) and params[n].is_contiguous() for n in before)
+    assert model.lm_head.weight.data_ptr() == model.model.embed_tokens.weight.data_ptr()  # still tied
+    assert all(p.data_ptr() % memory.ALIGN == 0 for p in params.values())
+    with torch.no_grad():
+        assert torch.equal(model(ids).logits, ref)
+        with fast_linears(model):
+            model(ids)  # the kernels read the moved weights
+    again = __import__("pickle").loads(__import__("pickle").dumps(model))
+    with torch.no_grad():
+        assert torch.equal(again(ids).logits, ref)

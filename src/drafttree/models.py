@@ -28,6 +28,7 @@ from pathlib import Path
 import torch
 
 from drafttree.errors import DraftTreeError
+from drafttree.kernels.memory import move_to_huge_pages
 from drafttree.paths import cache_dir
 
 DEFAULT_MODEL = "smollm2-135m-instruct"
@@ -214,6 +215,8 @@ def load_model(
         hf_logging.enable_progress_bar()
     model.to(dev).eval()
     model.requires_grad_(False)
+    if dev.type == "cpu":
+        move_to_huge_pages(model)  # decoding streams the weights: 2 MiB pages stream up to 2x faster
     if tok.pad_token_id is None and tok.eos_token_id is not None:
         tok.pad_token = tok.eos_token
     name = ALIASES.get(ref.lower(), ref) if kind != "dir" else Path(loc).name

@@ -126,9 +126,10 @@ def kernel_status() -> str:
 
 
 def _applies(x: torch.Tensor, w: torch.Tensor) -> bool:
-    return (_ext is not None and not getattr(_active, "off", 0) and x.dtype == w.dtype and w.dtype in _DTYPES
-            and x.device.type == "cpu" and w.device.type == "cpu" and w.dim() == 2 and w.is_contiguous()
-            and x.dim() >= 1 and 0 < x.numel() <= MAX_ROWS * x.shape[-1] and not torch.is_grad_enabled())
+    # called for every linear layer of every forward: the cheapest checks (is_cpu, not device.type) come first
+    return (_ext is not None and x.is_cpu and w.is_cpu and x.dtype == w.dtype and w.dtype in _DTYPES
+            and not getattr(_active, "off", 0) and w.dim() == 2 and w.is_contiguous() and x.dim() >= 1
+            and 0 < x.numel() <= MAX_ROWS * x.shape[-1] and not torch.is_grad_enabled())
 
 
 def linear(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:

@@ -95,7 +95,7 @@ def _active_here(*tensors: torch.Tensor) -> bool:
     """Inside a fast_linears block, kernels not switched off, CPU tensors of one kernel dtype, no autograd."""
     dtype = tensors[0].dtype
     return (bool(getattr(_active, "depth", 0)) and not getattr(_active, "off", 0) and dtype in _DTYPES
-            and not torch.is_grad_enabled() and all(t.device.type == "cpu" and t.dtype == dtype for t in tensors))
+            and not torch.is_grad_enabled() and all(t.is_cpu and t.dtype == dtype for t in tensors))
 
 
 def _kernel_rotary(original):
