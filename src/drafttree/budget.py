@@ -23,6 +23,7 @@ from pathlib import Path
 import torch
 
 from drafttree.kernels import kernel_key, torch_linears
+from drafttree.kernels.memory import huge_page_bytes
 from drafttree.paths import calibration_dir
 
 SIZES = [1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 96]
@@ -306,8 +307,11 @@ def weight_bytes(model: torch.nn.Module) -> int:
 
 @torch.inference_mode()
 def read_bandwidth(device: torch.device, megabytes: int = 256, reps: int = 5) -> float:
-    """Bytes per second this device reads (best of ``reps`` sums over a ``megabytes`` buffer)."""
-    x = torch.ones(megabytes * 2**20 // 4, dtype=torch.float32, device=device)
+    """Bytes per second this device reads (best of ``reps`` sums over a ``megabytes`` buffer; on the CPU in huge
+    pages, like the weights: see :mod:`drafttree.kernels.memory`)."""
+    n = megabytes * 2**20 // 4
+    raw = huge_page_bytes(n * 4) if device.type == "cpu" else None
+    x = raw.view(torch.float32).fill_(1.0) if raw is not None else torch.ones(n, dtype=torch.float32, device=device)
     x.sum()
     best = float("inf")
     for _ in range(reps):

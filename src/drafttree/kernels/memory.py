@@ -35,11 +35,7 @@ def huge_pages_available() -> bool:
 
 
 def move_to_huge_pages(module: torch.nn.Module) -> int:
-    """Copy ``module``'s CPU parameters into huge-page memory (tied parameters stay tied); returns the bytes moved.
-
-    The mapping lives as long as any parameter viewing it (``torch.frombuffer`` holds it)."""
-    if not huge_pages_available():
-        return 0
+    """Copy ``module``'s CPU parameters into huge-page memory (tied parameters stay tied); returns the bytes moved."""
     params = [p for p in dict.fromkeys(module.parameters()) if p.device.type == "cpu" and p.numel() > 0]
     if not params:
         return 0
@@ -47,17 +43,28 @@ def move_to_huge_pages(module: torch.nn.Module) -> int:
     for p in params:
         offsets.append(total)
         total += -(-p.numel() * p.element_size() // ALIGN) * ALIGN
-    try:
-        region = mmap.mmap(-1, total + HUGE_PAGE, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
-        region.madvise(mmap.MADV_HUGEPAGE)
-    except (OSError, ValueError):
+    raw = huge_page_bytes(total)
+    if raw is None:
         return 0
-    raw = torch.frombuffer(region, dtype=torch.uint8)
-    start = -raw.data_ptr() % HUGE_PAGE  # the first tensor on a huge-page boundary
     with torch.no_grad():
         for p, off in zip(params, offsets, strict=True):
             nbytes = p.numel() * p.element_size()
-            view = raw[start + off:start + off + nbytes].view(p.dtype).view(p.shape)
+            view = raw[off:off + nbytes].view(p.dtype).view(p.shape)
             view.copy_(p.data)
             p.data = view
     return total
+
+
+def huge_page_bytes(nbytes: int) -> torch.Tensor | None:
+    """``nbytes`` of uint8 in memory advised ``MADV_HUGEPAGE``, starting on a huge-page boundary (None where huge
+    pages cannot be had). The mapping lives as long as any tensor viewing it (``torch.frombuffer`` holds it)."""
+    if not huge_pages_available():
+        return None
+    try:
+        region = mmap.mmap(-1, nbytes + HUGE_PAGE, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+        region.madvise(mmap.MADV_HUGEPAGE)
+    except (OSError, ValueError):
+        return None
+    raw = torch.frombuffer(region, dtype=torch.uint8)
+    start = -raw.data_ptr() % HUGE_PAGE
+    return raw[start:start + nbytes]

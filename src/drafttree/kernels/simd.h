@@ -2,6 +2,7 @@
 #pragma once
 #include <torch/extension.h>
 #include <immintrin.h>
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 
@@ -141,6 +142,24 @@ inline vec vexp_nonpositive(vec x_in) {
 }
 
 inline int LANE_OF[ACC];  // accumulator j's sum lands in lane LANE_OF[j] of reduce()'s result
+
+// The largest lane (exact: a maximum does not depend on the order it is taken in).
+inline float hmax(vec v) {
+  alignas(64) float t[LANES];
+  vstore(t, v);
+  float m = t[0];
+  for (int i = 1; i < LANES; ++i) m = std::max(m, t[i]);
+  return m;
+}
+
+// reduce()'s result with accumulator j's sum moved to lane j (a permutation: the values are unchanged).
+inline vec in_order(vec sums) {
+#if defined(__AVX512F__)
+  return _mm512_permutexvar_ps(_mm512_loadu_si512(LANE_OF), sums);
+#else
+  return _mm256_permutevar8x32_ps(sums, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(LANE_OF)));
+#endif
+}
 
 inline void init_lanes() {
   vec v[ACC];
