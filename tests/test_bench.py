@@ -337,6 +337,14 @@ def test_concurrency_steady_load_with_repeats(tmp_path, capsys):
         assert min(r["all_aggregate_tps"]) <= round(r["aggregate_tps"], 2) <= max(r["all_aggregate_tps"])
     assert "steady load (2 requests per user in turn), median of 2 interleaved runs" in \
         (out / "concurrency.md").read_text()
+    assert "alone_tps" not in rows[(2, "auto")]
+    out = tmp_path / "alone"
+    assert main(["bench", "concurrency", "--users", "1,3", "--methods", "auto,ar", "--max-new-tokens", "4",
+                 "--alone", "--dtype", "float32", "--out", str(out)]) == 0
+    rows = {(r["users"], r["method"]): r for r in json.loads((out / "concurrency.json").read_text())["rows"]}
+    assert rows[(1, "auto")]["alone_tps"] == rows[(1, "auto")]["aggregate_tps"]  # one request: the run itself
+    assert rows[(3, "auto")]["alone_tps"] > 0 and "alone_tps" not in rows[(3, "ar")]
+    assert "auto vs the same requests one at a time" in (out / "concurrency.md").read_text()
     assert main(["bench", "concurrency", "--users", "1", "--methods", "hf-ar", "--requests-per-user", "2",
                  "--dtype", "float32", "--out", str(tmp_path / "x")]) != 0
     assert "hf-ar serves one padded batch" in capsys.readouterr().err

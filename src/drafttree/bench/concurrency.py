@@ -80,7 +80,9 @@ def run_hf(sm, prompts: list[str], max_new_tokens: int) -> dict:
 
 
 def measure(sm, users: list[int], methods: list[str], max_new_tokens: int, tasks: list[str], data_dir=None,
-            warmup: bool = True, requests_per_user: int = 1, repeats: int = 1) -> list[dict]:
+            warmup: bool = True, requests_per_user: int = 1, repeats: int = 1, alone: bool = False) -> list[dict]:
+    """With ``alone``, ``auto``'s rows also serve the same requests one at a time (``alone_tps``): the batch's
+    gain over serving them alone, on the same work (the 1-user run is one request, a different one)."""
     R = max(1, requests_per_user)
     if R > 1 and "hf-ar" in methods:
         raise DraftTreeError("hf-ar serves one padded batch: use it with --requests-per-user 1")
@@ -104,6 +106,9 @@ def measure(sm, users: list[int], methods: list[str], max_new_tokens: int, tasks
             row = {"users": u, "method": m, "aggregate_tps": agg, "per_user_tps": per_user,
                    "tokens": sum(r["tokens"]), "wall": r["wall"], "tau": r["tau"], "mean_tree": r["tree"],
                    "requests": u * R, "all_aggregate_tps": [round(a, 2) for a in aggs]}
+            if alone and m == "auto":
+                one = r if u * R == 1 else run_ours(sm, prompts[: u * R], m, max_new_tokens, max_batch=1)
+                row["alone_tps"] = sum(one["tokens"]) / one["wall"]
             rows.append(row)
             spread = f"   runs {', '.join(f'{a:.1f}' for a in aggs)}" if len(aggs) > 1 else ""
             print(f"[concurrency] {u:3d} users  {m:10s} aggregate {row['aggregate_tps']:7.1f} tok/s   per user "
@@ -116,9 +121,12 @@ def table(rows: list[dict], methods: list[str]) -> str:
     users = sorted({r["users"] for r in rows})
     get = {(r["users"], r["method"]): r for r in rows}
     alone = get.get((1, "auto"))
+    same = any("alone_tps" in r for r in rows)  # the same requests served one at a time, measured
+    both = "auto" in methods and "ar" in methods
     lines = ["| users | " + " | ".join(f"{m} aggregate tok/s (per user)" for m in methods)
-             + (" | auto vs ar | auto vs auto alone |" if "auto" in methods and "ar" in methods else " |"),
-             "|---|" + "---|" * len(methods) + ("---|---|" if "auto" in methods and "ar" in methods else "")]
+             + (" | auto vs ar | auto vs auto alone |" if both else " |")
+             + (" auto vs the same requests one at a time |" if same else ""),
+             "|---|" + "---|" * len(methods) + ("---|---|" if both else "") + ("---|" if same else "")]
     for u in users:
         cells = [f"{get[(u, m)]['aggregate_tps']:.1f} ({get[(u, m)]['per_user_tps']:.2f})" for m in methods]
         extra = ""
@@ -126,6 +134,10 @@ def table(rows: list[dict], methods: list[str]) -> str:
             a, b = get[(u, "auto")], get[(u, "ar")]
             extra = f" {a['aggregate_tps'] / b['aggregate_tps']:.2f}x |"
             extra += f" {a['aggregate_tps'] / alone['aggregate_tps']:.2f}x |" if alone else " – |"
+        if same:
+            a = get.get((u, "auto"), {})
+            extra += (f" {a['aggregate_tps'] / a['alone_tps']:.2f}x ({a['alone_tps']:.1f} tok/s alone) |"
+                      if "alone_tps" in a else " – |")
         lines.append(f"| {u} | " + " | ".join(cells) + " |" + extra)
     return "\n".join(lines) + "\n"
 
@@ -146,13 +158,14 @@ def cmd_concurrency(args) -> int:
         raise DraftTreeError("hf-ar serves one padded batch: use it with --requests-per-user 1")
     sm = drafttree.SpeculativeModel.from_pretrained(args.model, dtype=args.dtype, device=args.device)
     rows = measure(sm, users, methods, args.max_new_tokens, tasks, args.data_dir,
-                   requests_per_user=args.requests_per_user, repeats=args.repeats)
+                   requests_per_user=args.requests_per_user, repeats=args.repeats, alone=args.alone)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     meta = {"command": "drafttree bench concurrency " + " ".join(sys.argv[3:]), "model": sm.target.name,
             "dtype": str(sm.target.dtype).replace("torch.", ""), "device": str(sm.target.device),
             "threads": torch.get_num_threads(), "max_new_tokens": args.max_new_tokens, "tasks": tasks,
-            "auto_is": sm.method, "requests_per_user": args.requests_per_user, "repeats": args.repeats}
+            "auto_is": sm.method, "requests_per_user": args.requests_per_user, "repeats": args.repeats,
+            "alone": args.alone}
     (out / "concurrency.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
     md = (f"`{meta['command']}` — {meta['model']}, {meta['dtype']}, {meta['device']}, {meta['threads']} threads, "
           f"{args.max_new_tokens} new tokens per request, {load_words(meta)}, T=0; auto = {sm.method}\n\n"
@@ -222,6 +235,8 @@ def add_parser(rsub) -> None:
     c.add_argument("--requests-per-user", type=int, default=1,
                    help="1: one burst; R > 1: each user sends R requests in turn (steady load)")
     c.add_argument("--repeats", type=int, default=1, help="runs per (users, method), interleaved; median reported")
+    c.add_argument("--alone", action="store_true",
+                   help="also serve auto's requests one at a time: the batch's gain on the same requests")
     c.add_argument("--model", default="smollm2-135m-instruct")
     c.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"])
     c.add_argument("--device", default="auto")
