@@ -93,8 +93,10 @@ def measure(sm, users: list[int], methods: list[str], max_new_tokens: int, tasks
     rows = []
     for u in users:
         runs: dict[str, list[dict]] = {m: [] for m in methods}
-        for _ in range(max(1, repeats)):
-            for m in methods:  # interleaved: a change in machine load hits every method alike
+        for rep in range(max(1, repeats)):
+            # interleaved, the order reversed every other repeat: a change in machine load (or whatever the run
+            # before leaves behind) hits every method alike
+            for m in (methods if rep % 2 == 0 else methods[::-1]):
                 batch = prompts[: u * R]
                 runs[m].append(run_hf(sm, batch, max_new_tokens) if m == "hf-ar"
                                else run_ours(sm, batch, m, max_new_tokens, max_batch=u))

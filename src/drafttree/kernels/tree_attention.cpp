@@ -115,12 +115,23 @@ inline void value_tile(const float* p, int64_t ld, const int64_t* use, int64_t n
 constexpr int VCN = 4;                          // V vectors per value tile
 constexpr int VROWS = (REGS - VCN - 2) / VCN;  // rows per value tile: every accumulator in a register
 
+// The last rows (fewer than a tile) as one tile of exactly that many: one pass over V, not one per row (a token's
+// three grouped heads are three rows).
+template <typename T, int CN, int R>
+inline void value_rest(int64_t rest, const float* p, int64_t ld, const int64_t* use, int64_t n, const T* v,
+                       int64_t v_slot, float* out, int64_t ldo) {
+  if constexpr (R > 0) {
+    if (rest == R) value_tile<T, CN, R>(p, ld, use, n, v, v_slot, out, ldo);
+    else value_rest<T, CN, R - 1>(rest, p, ld, use, n, v, v_slot, out, ldo);
+  }
+}
+
 template <typename T, int CN>
 void value_rows_cn(const float* p, int64_t rows, int64_t ld, const int64_t* use, int64_t n, const T* v, int64_t v_slot,
                    float* out, int64_t ldo) {
   int64_t r0 = 0;
   for (; r0 + VROWS <= rows; r0 += VROWS) value_tile<T, CN, VROWS>(p + r0 * ld, ld, use, n, v, v_slot, out + r0 * ldo, ldo);
-  for (; r0 < rows; ++r0) value_tile<T, CN, 1>(p + r0 * ld, ld, use, n, v, v_slot, out + r0 * ldo, ldo);
+  value_rest<T, CN, VROWS - 1>(rows - r0, p + r0 * ld, ld, use, n, v, v_slot, out + r0 * ldo, ldo);
 }
 
 template <typename T>
