@@ -160,9 +160,9 @@ struct Layout {
   float scale;
 };
 
-struct Scratch {
-  std::vector<float> qf, s, acc;
-  std::vector<int64_t> idx, start, use;
+struct Scratch {  // one per thread, reused by every unit it takes
+  std::vector<float> qf, s, acc, inv;
+  std::vector<int64_t> idx, start, use, prefix;
   std::vector<uint8_t> seen;
 };
 
@@ -198,8 +198,10 @@ void attend_rows(const T* q, const T* k, const T* v, const T* mask, int64_t row,
   const T* kb = k + row * L.k_row + kvh * L.k_head;
   const T* vb = v + row * L.v_row + kvh * L.v_head;
   score_rows<T>(w.qf.data(), R, D, kb, L.k_slot, span, w.s.data(), ld);
-  std::vector<float> inv(R);
-  std::vector<int64_t> prefix(nq);  // query i may see keys [0, prefix[i]), and others after
+  std::vector<float>& inv = w.inv;
+  inv.resize(R);
+  std::vector<int64_t>& prefix = w.prefix;  // query i may see keys [0, prefix[i]), and others after
+  prefix.resize(nq);
   for (int64_t i = 0; i < nq; ++i) {
     const int64_t* idx = w.idx.data() + w.start[i];
     int64_t lo = 0, hi = w.start[i + 1] - w.start[i];  // idx is increasing: idx[a] == a exactly on a prefix
