@@ -3,10 +3,11 @@
 Decoding streams every weight once per forward, and on the CPU that stream runs at the speed of the hardware
 prefetchers, which stop at every page boundary: with the 4 KiB pages a tensor normally gets (Linux's default THP
 mode is ``madvise``: no huge pages unless asked for), a one-row product over a copy of SmolLM2-135M's LM head read
-31-47 GB/s on a 2-core Zen 4, the same in 2 MiB pages 63 GB/s; inside the model, a one-token step 17.8 -> 15.8 ms. :func:`move_to_huge_pages` copies a model's
-parameters into one anonymous mapping advised ``MADV_HUGEPAGE`` and points each parameter at its slice (values and
-dtypes unchanged, so every result stays bit for bit the same). It is a no-op off Linux, for non-CPU tensors, with
-``DRAFTTREE_HUGE_PAGES=0``, or where THP is switched off (then the copy would buy nothing).
+31-47 GB/s on a 2-core Zen 4, the same in 2 MiB pages 63 GB/s; inside the model, a one-token step 17.8 -> 15.8 ms.
+:func:`move_to_huge_pages` copies a model's parameters into one anonymous mapping advised ``MADV_HUGEPAGE`` and
+points each parameter at its slice (values and dtypes unchanged, so every result stays bit for bit the same). It is a
+no-op off Linux, for non-CPU tensors, with ``DRAFTTREE_HUGE_PAGES=0``, or where THP is switched off (then the copy
+would buy nothing).
 """
 
 from __future__ import annotations
