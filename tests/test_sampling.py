@@ -269,3 +269,23 @@ def test_batched_broken_rule_is_caught(monkeypatch):
     monkeypatch.setattr(BD, "accept", lambda tree, logits, s, g: A.accept_sampling(tree, logits, s, g, _broken=True))
     pvals = _batch_pvalues({"k": 3}, Sampling(1.0))
     assert min(pvals) < 1e-4, f"broken rule not detected in a batch (p-values {pvals})"
+
+
+def test_draw_samples_the_categorical_distribution_and_never_a_zero():
+    """The one-uniform sampler every sampled token goes through: frequencies match, zero mass is never drawn,
+    and a seed reproduces the sequence (checked against the distribution, not against torch.multinomial)."""
+    from drafttree.categorical import draw
+
+    p = torch.tensor([0.0, 0.5, 1e-3, 0.0, 0.25, 0.149, 0.1, 0.0])
+    n = 20000
+    g = torch.Generator().manual_seed(3)
+    seq = [draw(p, g) for _ in range(n)]
+    counts = np.bincount(seq, minlength=p.numel())
+    assert counts[p.numpy() == 0].sum() == 0
+    keep = p.numpy() > 0
+    assert chi2_pvalue(counts[keep], (p[keep] / p.sum()).numpy()) > 1e-3
+    g2 = torch.Generator().manual_seed(3)
+    assert [draw(p, g2) for _ in range(200)] == seq[:200]
+    # unnormalised weights and a one-hot distribution (the last index included)
+    assert draw(torch.tensor([0.0, 0.0, 3.0]), g) == 2
+    assert {draw(torch.tensor([2.0, 0.0, 2.0]), g) for _ in range(200)} == {0, 2}

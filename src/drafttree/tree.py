@@ -21,6 +21,8 @@ from typing import Protocol
 
 import torch
 
+from drafttree.categorical import draw
+
 
 def ancestor_matrix(parents: torch.Tensor) -> torch.Tensor:
     """``anc[i, j]`` is True when j is i or an ancestor of i. Vectorised: closure by repeated squaring."""
@@ -365,7 +367,7 @@ def grow_sampled_chain(stepper: TreeStepper, root: int, length: int, warp, gener
             q[: q_small.numel()] = q_small
         else:
             q = q_small
-        tok = int(torch.multinomial(q, 1, generator=generator).item())
+        tok = draw(q, generator)
         drafts.append(tok)
         qs.append(q)
         if d + 1 < length:
