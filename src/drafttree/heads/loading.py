@@ -27,6 +27,7 @@ from drafttree.errors import DraftTreeError
 from drafttree.heads.eagle3 import Eagle3Head, default_aux_layers, layer_config_from
 from drafttree.heads.eagle3_format import read_eagle3
 from drafttree.heads.model import EagleHead
+from drafttree.kernels.memory import move_to_huge_pages
 
 WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")
 
@@ -83,6 +84,7 @@ def load_head(path: str | Path, target):
     head = _load_eagle1(path, cfg, state, target) if layout == "eagle1" else _load_eagle3(path, cfg, state, target,
                                                                                          layout)
     head.to(device=target.device, dtype=target.dtype).eval().requires_grad_(False)
+    move_to_huge_pages(head)  # each draft level streams the head's weights, like a target forward (kernels/memory.py)
     head.meta = cfg.get("drafttree", {})
     head.path = Path(path)
     head.layout = layout

@@ -25,6 +25,7 @@ from safetensors.torch import save_file
 from torch import nn
 
 from drafttree import kernels
+from drafttree.kernels.memory import huge_page_copy
 
 FORMAT = "drafttree-eagle1"
 
@@ -91,7 +92,7 @@ class EagleHead(nn.Module):
         if self.draft_vocab is None:
             return w
         if self._small_head is None or self._small_head.device != w.device or self._small_head.dtype != w.dtype:
-            self._small_head = w.detach()[self.draft_vocab.to(w.device)].contiguous()
+            self._small_head = huge_page_copy(w.detach()[self.draft_vocab.to(w.device)].contiguous())
         return self._small_head
 
     def draft_logits(self, features: torch.Tensor) -> torch.Tensor:

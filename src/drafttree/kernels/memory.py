@@ -56,6 +56,16 @@ def move_to_huge_pages(module: torch.nn.Module) -> int:
     return total
 
 
+def huge_page_copy(t: torch.Tensor) -> torch.Tensor:
+    """A contiguous copy of CPU tensor ``t`` in huge-page memory (``t`` itself where huge pages cannot be had)."""
+    if t.device.type != "cpu" or t.numel() == 0:
+        return t
+    raw = huge_page_bytes(t.numel() * t.element_size())
+    if raw is None:
+        return t
+    return raw.view(t.dtype).view(t.shape).copy_(t)
+
+
 def huge_page_bytes(nbytes: int) -> torch.Tensor | None:
     """``nbytes`` of uint8 in memory advised ``MADV_HUGEPAGE``, starting on a huge-page boundary (None where huge
     pages cannot be had). The mapping lives as long as any tensor viewing it (``torch.frombuffer`` holds it)."""
