@@ -56,10 +56,13 @@ def apply_priors(calibrations: dict[str, list], names: list[str], priors: dict, 
             cal.strength = strength
 
 
-def fit_priors(model, prompts: list, max_new_tokens: int = 128, temperature: float = 0.0, progress=None) -> dict:
+def fit_priors(model, prompts: list, max_new_tokens: int = 128, temperature: float = 0.0, progress=None,
+               corpus: str | None = None) -> dict:
     """Decode ``prompts`` with the hybrid (big trees, gates open) at ``temperature`` and sum every source's
-    observations; the result is the file's entry for that mode (greedy at 0, sampled above)."""
-    drafter = model.drafter("hybrid", dict(FIT_OPTIONS))
+    observations; the result is the file's entry for that mode (greedy at 0, sampled above). ``corpus``: the
+    corpus source's file, which must not hold these prompts' own answers (each would be a hit)."""
+    options = dict(FIT_OPTIONS, **({"corpus": corpus} if corpus else {}))
+    drafter = model.drafter("hybrid", dict(options))
     for cals in drafter.calibrations.values():  # fit from the built-in defaults, not from priors fitted earlier
         for cal in cals:
             cal.prior, cal.strength = cal.default[0].clone(), cal.default[1]
@@ -69,7 +72,7 @@ def fit_priors(model, prompts: list, max_new_tokens: int = 128, temperature: flo
         for cal in drafter.calibrations[mode]:  # a generation that never drafts must not count the last again
             cal.reset()
         # seeded: each generation starts from the defaults, so its counts are its own
-        model.generate(p, max_new_tokens=max_new_tokens, method="hybrid", method_options=dict(FIT_OPTIONS),
+        model.generate(p, max_new_tokens=max_new_tokens, method="hybrid", method_options=dict(options),
                        temperature=temperature, seed=i)
         for s, cal in zip(drafter.sources, drafter.calibrations[mode]):
             h, t = totals.setdefault(s.name, [torch.zeros_like(cal.hits), torch.zeros_like(cal.trials)])
