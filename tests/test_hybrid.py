@@ -204,6 +204,25 @@ def test_a_wrong_source_shrinks_the_tree_to_the_root():
     assert sizes[0] > 1 and sizes[-1] == 1
 
 
+def test_trees_shrink_over_a_long_context():
+    """Each verified token attends to the whole context, so the same proposals make a smaller tree over a long
+    context: the curve at a context is the measured one plus per_key x tokens x (context - measured context)."""
+    from drafttree.budget import CostModel, TreeBudget
+    from drafttree.drafters.base import DraftRequest
+
+    curve = CostModel([1, 2, 4, 8], [1.0, 1.1, 1.3, 1.7], context=256, per_key=2e-4)
+    assert curve.at(256).seconds == curve.seconds
+    assert abs(curve.at(2048).verify(8) - (1.7 + 2e-4 * 8 * (2048 - 256))) < 1e-9
+    assert curve.at(100).verify(4) < curve.verify(4) and curve.at(300) is curve.at(290)  # memoised per 64 tokens
+    assert CostModel([1, 2], [1.0, 1.1]).at(5000).verify(2) == 1.1  # no slope measured: the curve as it is
+    sizes = {}
+    for length in (200, 4000):
+        hd = HybridDrafter([ConstantSource([3, 4, 5, 6, 7], prior=0.6)], budget=TreeBudget(curve, max_total=8))
+        hd.begin(torch.tensor([1, 2]), torch.zeros(2, 4), 2)
+        sizes[length] = hd.propose(DraftRequest([1, 2] * (length // 2), 2, 8, Sampling(), None)).size
+    assert sizes[200] > sizes[4000] >= 1, sizes
+
+
 def test_greedy_and_sampled_generations_learn_separate_calibrations():
     """What the target accepts at T=0 says little about T=1: each mode has its own cells and fitted prior."""
     from drafttree.budget import CostModel, TreeBudget

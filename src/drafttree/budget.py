@@ -33,6 +33,24 @@ SIZES = [1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 96]
 class CostModel:
     sizes: list[int]
     seconds: list[float]  # median seconds of one target forward verifying N tokens
+    context: int = 0  # tokens of context the curve was measured on
+    per_key: float = 0.0  # seconds each verified token adds per token of context (its attention over the keys)
+
+    def at(self, length: int) -> CostModel:
+        """The curve for a sequence of ``length`` tokens: each verified token attends to every one of them, so a
+        tree over a 1,000-token article costs more than over the curve's own context (on a 2-core CPU in bf16 a
+        16-token tree ~5 ms more, a sixth of its cost). Context is bucketed by 64 tokens (the curves are memoised)."""
+        if self.per_key <= 0:
+            return self
+        bucket = max(0, int(length) + 32) // 64 * 64
+        memo = self.__dict__.setdefault("_at", {})
+        if bucket not in memo:
+            if len(memo) > 256:
+                memo.clear()
+            shift = self.per_key * (bucket - self.context)
+            seconds = [max(0.5 * s, s + shift * n) for n, s in zip(self.sizes, self.seconds)]
+            memo[bucket] = CostModel(self.sizes, seconds, bucket, self.per_key)
+        return memo[bucket]
 
     def verify(self, n: int) -> float:
         xs, ys = self.sizes, self.seconds
@@ -102,7 +120,8 @@ def least_slope(cost, n_max: int) -> float:
     return _SLOPES[key]
 
 
-CURVE_VERSION = "3"  # bump when the verify path changes cost (2: grouped tree attention, 3: small-GEMM kernel)
+# bump when the verify path changes cost (2: grouped tree attention, 3: small-GEMM kernel, 4: cost per context token)
+CURVE_VERSION = "4"
 
 
 def _key(runner, name: str) -> str:
@@ -116,9 +135,17 @@ def _key(runner, name: str) -> str:
 
 
 def measure_verify_costs(runner, context: int = 256, reps: int = 7, sizes: list[int] | None = None,
-                         show_progress: bool = False) -> CostModel:
-    """Time target forwards over chains of N tokens on a ``context``-token prefix (median of ``reps``)."""
-    return _measure(runner, {"": contextlib.nullcontext}, context, reps, sizes, show_progress)[""]
+                         show_progress: bool = False, long_context: int = 2048) -> CostModel:
+    """Time target forwards over chains of N tokens on a ``context``-token prefix (median of ``reps``), and what
+    each verified token adds per token of context (32 tokens against 1, on ``context`` and on ``long_context``:
+    a contrast of ~20 ms on a 2-core CPU, well above the timing noise)."""
+    cm = _measure(runner, {"": contextlib.nullcontext}, context, reps, sizes, show_progress)[""]
+    long_context = min(long_context, runner.max_positions // 2)
+    if long_context - cm.context >= 256:
+        short = _measure(runner, {"": contextlib.nullcontext}, cm.context, reps, [1, 32], False)[""].seconds
+        far = _measure(runner, {"": contextlib.nullcontext}, long_context, reps, [1, 32], False)[""].seconds
+        cm.per_key = max(0.0, ((far[1] - far[0]) - (short[1] - short[0])) / (31 * (long_context - cm.context)))
+    return cm
 
 
 def compare_linear_kernels(runner, context: int = 256, reps: int = 7, sizes: list[int] | None = None,
@@ -168,7 +195,7 @@ def _measure(runner, modes: dict, context: int, reps: int, sizes: list[int] | No
         secs = [sorted(times[name, n])[reps // 2] for n in sizes]
         for i in range(1, len(secs)):  # enforce monotonicity (noise can make a bigger batch look cheaper)
             secs[i] = max(secs[i], secs[i - 1])
-        curves[name] = CostModel(sizes, secs)
+        curves[name] = CostModel(sizes, secs, context)
     return curves
 
 
@@ -182,7 +209,7 @@ def cost_model_for(runner, name: str, refresh: bool = False, quiet: bool = False
     path = calibration_path(runner, name)
     if path.exists() and not refresh:
         d = json.loads(path.read_text())
-        return CostModel(d["sizes"], d["seconds"])
+        return CostModel(d["sizes"], d["seconds"], d.get("context", 0), d.get("per_key", 0.0))
     if not quiet:
         print(f"[drafttree] measuring how long {name} takes to verify 1..{SIZES[-1]} tokens on this machine "
               f"(once per machine; cached in {path})", file=sys.stderr, flush=True)
@@ -190,7 +217,7 @@ def cost_model_for(runner, name: str, refresh: bool = False, quiet: bool = False
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps({"model": name, "dtype": str(runner.dtype), "device": str(runner.device),
                                 "threads": torch.get_num_threads(), "sizes": cm.sizes, "seconds": cm.seconds,
-                                "relative": cm.relative()}, indent=1))
+                                "relative": cm.relative(), "context": cm.context, "per_key": cm.per_key}, indent=1))
     return cm
 
 
@@ -268,8 +295,9 @@ class BudgetRounds:
     def begin(self) -> None:
         self._seeded, self._round = None, None
 
-    def start(self, reproducible: bool, cost=None) -> TreeBudget:
-        """The budget for this round; ``cost`` (a :class:`BatchShare`) replaces the curve for this round only."""
+    def start(self, reproducible: bool, cost=None, context: int = 0) -> TreeBudget:
+        """The budget for this round; ``cost`` (a :class:`BatchShare`) replaces the curve for this round only, else
+        the curve at this sequence's ``context`` length."""
         self._t0 = time.perf_counter()
         if not reproducible:
             budget = self.budget
@@ -277,7 +305,7 @@ class BudgetRounds:
             if self._seeded is None:
                 self._seeded = TreeBudget(self.base, max_total=self.budget.max_total, min_total=self.budget.min_total)
             budget = self._seeded
-        budget.cost = cost if cost is not None else self.base
+        budget.cost = cost if cost is not None else self.base.at(context)
         return budget
 
     def record(self, budget: TreeBudget, expected: float, size: int, levels: int,

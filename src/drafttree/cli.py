@@ -199,6 +199,11 @@ def cmd_calibrate(args) -> int:
         print(f"{n:>6}{row}")
     print(f"bandwidth floor of one forward: {1000 * floor:.1f} ms (weights {weight_bytes(lm.model) / 2**20:.0f} MiB "
           f"read at {weight_bytes(lm.model) / floor / 1e9:.1f} GB/s, measured now)")
+    cm = curves.get("ms", first)
+    if cm.per_key > 0:
+        print(f"context: the curve is for {cm.context} tokens; each verified token adds "
+              f"{1e6 * cm.per_key * 1000:.0f} us per 1,000 tokens more (16 tokens over 1,000 tokens: "
+              f"{1000 * cm.at(1000).verify(16):.1f} ms)")
     return 0
 
 

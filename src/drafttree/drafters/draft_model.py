@@ -117,7 +117,7 @@ class DraftModelDrafter(Drafter):
         if self.tree:  # deterministic top-k tree: point-mass candidates at any temperature
             if self.rounds is None:
                 return grow_dynamic_tree(stepper, req.root, k, self.top_k, self.total_tokens)
-            budget = self.rounds.start(req.reproducible, req.cost)
+            budget = self.rounds.start(req.reproducible, req.cost, len(req.context))
             level = self.level_cost * self.rounds.base.verify(1) if req.reproducible else None  # never a clock
             tree = grow_dynamic_tree(stepper, req.root, k, self.top_k, budget.max_total, budget=budget,
                                      level_seconds=level)

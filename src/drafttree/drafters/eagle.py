@@ -214,7 +214,7 @@ class DynamicTreeShape:
     def grow(self, drafter, req, depth, stop):
         if self.rounds is None:
             return grow_dynamic_tree(drafter.state, req.root, depth, self.top_k, self.total_tokens)
-        budget = self.rounds.start(req.reproducible, req.cost)
+        budget = self.rounds.start(req.reproducible, req.cost, len(req.context))
         level = drafter.head.level_cost() * self.rounds.base.verify(1) if req.reproducible else None  # modelled
         tree = grow_dynamic_tree(drafter.state, req.root, depth, self.top_k, budget.max_total, budget=budget,
                                  level_seconds=level)

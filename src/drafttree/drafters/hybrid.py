@@ -177,11 +177,11 @@ class HybridDrafter(Drafter):
                 cal.trials.mul_(0.5)
         self._fresh = False
 
-    def _size(self, merged: MergedTree, spent: float, cost=None) -> int:
+    def _size(self, merged: MergedTree, spent: float, cost=None, context: int = 0) -> int:
         if self.total_tokens is not None:
             return min(int(self.total_tokens), len(merged.tokens))
         scores = sorted(merged.scores[1:], reverse=True)
-        self.budget.cost = cost if cost is not None else self.base_cost
+        self.budget.cost = cost if cost is not None else self.base_cost.at(context)
         return self.budget.choose_total(scores, spent * self.base_cost.verify(1))
 
     def _bar(self, cost) -> float:
@@ -256,7 +256,7 @@ class HybridDrafter(Drafter):
             self._round = (merged, [0], ran) if ran else None
             req.info.update(tree_tokens=1, depth=0, sources=[])
             return DraftTree.root_only(req.root)
-        keep = merged.best(self._size(merged, spent, req.cost))
+        keep = merged.best(self._size(merged, spent, req.cost, len(req.context)))
         tokens = torch.tensor([merged.tokens[i] for i in keep], dtype=torch.long)
         pos = {node: j for j, node in enumerate(keep)}
         parents = torch.tensor([-1] + [pos[merged.parents[i]] for i in keep[1:]], dtype=torch.long)
