@@ -134,8 +134,11 @@ def test_cli_errors_are_one_line(capsys, argv, msg):
 def test_cli_calibrate_prints_the_cached_curve(capsys):
     rc, out, err = _cli(capsys, "calibrate", "--dtype", "float32")
     assert rc == 0, err
-    rows = [line.split() for line in out.splitlines()[2:-1]]
-    assert "bandwidth floor of one forward" in out.splitlines()[-1]
+    lines = out.splitlines()
+    floor = next(i for i, line in enumerate(lines) if line.startswith("bandwidth floor of one forward"))
+    rows = [line.split() for line in lines[2:floor]]
+    # then the cost per token of context (each verified token attends to all of it), measured with the curve
+    assert lines[floor + 1:] == [] or "per 1,000 tokens" in lines[floor + 1]
     sizes = [int(r[0]) for r in rows]
     assert sizes[0] == 1 and sizes == sorted(sizes) and len(sizes) >= 6
     assert [float(r[2]) for r in rows][0] == 1.0
