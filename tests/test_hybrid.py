@@ -468,3 +468,29 @@ def test_a_batched_row_stops_drafting_when_its_drafts_never_pay_and_a_row_alone_
     assert 0 < drafts(batch, accepted=False) < 15, "a row whose drafts never pay must stop drafting, but probe"
     assert drafts(batch, accepted=True) == 40
     assert drafts(None, accepted=False) == 40
+
+
+def test_the_head_charges_the_catch_up_of_the_rounds_it_skipped():
+    """A head that drafts after a closed gate's wait first encodes every pair committed meanwhile, in one forward
+    over them all: its drafting cost (what the gate weighs) grows with that backlog."""
+    from drafttree.heads.model import EagleHead
+    from drafttree.sources.base import RoundContext
+    from drafttree.sources.model_sources import HeadSource
+
+    target = tiny_causal_lm("llama", vocab=VOCAB, hidden=32, seed=0)
+    torch.manual_seed(5)
+    head = EagleHead(target)
+
+    def curve(n: int) -> float:  # relative verify cost: 16 tokens cost 2.5 one
+        return 1.0 + 0.1 * (n - 1)
+
+    spent = {}
+    for skipped in (0, 15):
+        src = HeadSource(head, top_k=2, depth=2, max_total=8, cost_curve=curve)
+        src.begin(torch.tensor(PROMPT[:2]), torch.randn(2, 32), 3)
+        src.propose(RoundContext(PROMPT[:2] + [3], 3, 2, Sampling(), []), 0)  # encodes the prompt
+        for i in range(skipped):  # rounds in which the gate kept the head closed: pairs only queue
+            src.observe([3 + i % 5], torch.randn(1, 32), 4)
+        prop = src.propose(RoundContext(PROMPT[:2] + [3] * (skipped + 1), 4, 2, Sampling(), []), 0)
+        spent[skipped] = prop.spent
+    assert abs(spent[15] - spent[0] - (src.level_cost(15) - src.cost)) < 1e-9 and spent[15] > spent[0]

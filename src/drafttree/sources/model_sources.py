@@ -154,7 +154,13 @@ class HeadSource(ExpandingSource):
         """From the batch pass's chain when it drafted this round (``prepared``: paid by the batch), else alone."""
         prep, self.prepared = self.prepared, None
         if prep is None:
-            return super().propose(rc, index)
+            # the first call also encodes every pair committed since the head last drafted (one forward over them
+            # all): after a closed gate's long wait, more than a level's cost, which the gate must weigh
+            pending = sum(len(ts) for _, ts in self.backlog) + sum(len(c) for _, c, _ in self.state._queued)
+            prop = super().propose(rc, index)
+            if prop is not None and prop.spent is not None and pending > 1:
+                prop.spent += self.level_cost(pending) - self.cost
+            return prop
         depth = min(self.depth, rc.max_depth)
         if depth <= 0:
             return None
