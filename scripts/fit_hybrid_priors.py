@@ -40,6 +40,8 @@ def main() -> None:
     ap.add_argument("--temperature", type=float, default=0.0)
     ap.add_argument("--distilled", help="the distilled answers the shipped corpus was built from")
     args = ap.parse_args()
+    if args.distilled and not Path(args.distilled).is_file():
+        raise SystemExit(f"distilled answers not found: {args.distilled}")
     torch.set_num_threads(2)
     rows = [json.loads(line) for line in Path(args.prompts).read_text().splitlines() if line.strip()]
     random.Random(args.seed).shuffle(rows)

@@ -93,6 +93,11 @@ class EagleState:
         self.root_pos = start + len(next_ids)
         self._root_lp = None
 
+    @property
+    def queued_pairs(self) -> int:
+        """Committed pairs waiting to be encoded (the next draft's first forward encodes them)."""
+        return sum(len(chunk) for _, chunk, _ in self._queued)
+
     @torch.inference_mode()
     def flush(self) -> None:
         """Encode the queued committed pairs now (drafting calls this first)."""

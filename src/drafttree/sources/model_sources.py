@@ -156,7 +156,7 @@ class HeadSource(ExpandingSource):
         if prep is None:
             # the first call also encodes every pair committed since the head last drafted (one forward over them
             # all): after a closed gate's long wait, more than a level's cost, which the gate must weigh
-            pending = sum(len(ts) for _, ts in self.backlog) + sum(len(c) for _, c, _ in self.state._queued)
+            pending = sum(len(ts) for _, ts in self.backlog) + self.state.queued_pairs
             prop = super().propose(rc, index)
             if prop is not None and prop.spent is not None and pending > 1:
                 prop.spent += self.level_cost(pending) - self.cost
