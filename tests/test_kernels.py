@@ -68,6 +68,36 @@ def test_bf16_rows_agree_across_the_kernel_paths_at_every_magnitude():
     assert isinstance(ext.bf16_dot, bool)
 
 
+_PATH_SCRIPT = """
+import sys, torch
+from drafttree.kernels import small_gemm
+ext = small_gemm()
+g = torch.Generator().manual_seed(3)
+scale = torch.pow(2.0, torch.randint(-60, 10, (2, 24, 101), generator=g).float())
+x, w = (torch.randn(2, 24, 101, generator=g) * scale).bfloat16()
+torch.save({"dot": ext.bf16_dot, "y": ext.linear(x[:16], w)}, sys.argv[1])
+"""
+
+
+@needs_kernel
+def test_the_dot_and_fma_paths_give_the_same_bits_whichever_this_cpu_prefers(tmp_path):
+    """Which path many bf16 rows take is timed when the module loads (vdpbf16ps is 2x the FMAs on a Zen 4, 0.4x on
+    an Emerald Rapids Xeon); ``DRAFTTREE_BF16_DOT`` forces it. Both give the same bits, so the choice is speed only."""
+    import os
+    import subprocess
+    import sys
+
+    got = {}
+    for flag in ("0", "1"):
+        out = tmp_path / f"dot{flag}.pt"
+        env = {**os.environ, "DRAFTTREE_BF16_DOT": flag}
+        subprocess.run([sys.executable, "-c", _PATH_SCRIPT, str(out)], env=env, check=True, timeout=300)
+        got[flag] = torch.load(out)
+    assert got["0"]["dot"] is False
+    assert got["1"]["dot"] is ext.bf16_dot_exact  # forced on only where the instruction matches the FMAs
+    assert torch.equal(got["0"]["y"], got["1"]["y"])
+
+
 @needs_kernel
 def test_only_inside_fast_linears_and_only_where_it_applies():
     torch.manual_seed(0)

@@ -106,7 +106,8 @@ def kernel_key() -> str:
     """What the kernel in use is (source and row limit), for caches of measured costs; "torch" when it is not."""
     if not kernels_in_use():
         return "torch"
-    return f"small-gemm-{MAX_ROWS}-{_source_hash()}-x{getattr(_ext, 'lanes', 0)}"
+    dot = "-dot" if getattr(_ext, "bf16_dot", False) else ""  # vdpbf16ps tiles where they are faster (timed at load)
+    return f"small-gemm-{MAX_ROWS}-{_source_hash()}-x{getattr(_ext, 'lanes', 0)}{dot}"
 
 
 @functools.cache

@@ -10,6 +10,8 @@
 #include <ATen/Parallel.h>
 
 #include <algorithm>
+#include <cstdlib>
+#include <chrono>
 #include <cstring>
 #include <type_traits>
 #include <vector>
@@ -35,7 +37,8 @@ constexpr int64_t STEP = is_bf16<T> ? 2 * LANES : LANES;
 // arithmetic) and the others emulate with two exact FMAs (for few rows, bound by memory); with denormals flushed
 // as the instruction does (FlushDenormals), both give the same bits, so a row's result never depends on the path.
 template <typename T, int R, int C, bool DOT = false>
-// pf/ppi/pf_lines: prefetch ppi cache lines of pf per inner iteration, never beyond its first pf_lines lines.
+// pf/ppi/pf_lines: prefetch ppi cache lines of pf per inner iteration, never beyond its first pf_lines lines; into L1
+// for the memory-bound paths, into L2 for DOT tiles (see DOT_AHEAD).
 inline void tile(const T* x, const T* w, int64_t K, float* out, int64_t ldo, const T* pf = nullptr, int ppi = 0,
                  int64_t pf_lines = 0) {
   constexpr int GROUPS = (R * C + ACC - 1) / ACC;
@@ -48,7 +51,8 @@ inline void tile(const T* x, const T* w, int64_t K, float* out, int64_t ldo, con
 #pragma GCC unroll 2
   for (; k + STEP<T> <= K; k += STEP<T>) {
     for (int i = 0; i < ppi && pf_left > 0; ++i, --pf_left, pf_next += line)
-      _mm_prefetch(reinterpret_cast<const char*>(pf_next), _MM_HINT_T0);
+      if constexpr (DOT) _mm_prefetch(reinterpret_cast<const char*>(pf_next), _MM_HINT_T1);
+      else _mm_prefetch(reinterpret_cast<const char*>(pf_next), _MM_HINT_T0);
     if constexpr (!is_bf16<T>) {
       vec wv[C];
       for (int c = 0; c < C; ++c) wv[c] = vload(w + c * K + k);
@@ -139,12 +143,19 @@ struct FlushDenormals {
 };
 
 // Whether this CPU's vdpbf16ps gives exactly the FMA path's bits (checked once when the module loads, see
-// dot_matches_fma): where it does not, every bf16 product takes the FMA path. DOT_ROWS: from this many input rows
-// on the instruction is faster. Measured on a 2-core Zen 4 (bf16 products of a SmolLM2-135M forward, interleaved A/B
-// against the FMA path, best of 9): 4 rows 8.6 -> 7.7 ms, 8 rows 15.0 -> 12.9, 16 rows 29.0 -> 16.5, 64 rows
-// 110.6 -> 57.6.
+// dot_matches_fma) and is the faster of the two here (dot_wanted): where not, every bf16 product takes the FMA path.
+// DOT_ROWS: from this many input rows on the instruction is faster. Measured on a 2-core Zen 4 (bf16 products of a
+// SmolLM2-135M forward, interleaved A/B against the FMA path, best of 9): 4 rows 8.6 -> 7.7 ms, 8 rows 15.0 -> 12.9,
+// 16 rows 29.0 -> 16.5, 64 rows 110.6 -> 57.6.
 bool DOT_WORKS = false;
 constexpr int64_t DOT_ROWS = 4;
+
+// DOT tiles prefetch the weight block DOT_AHEAD blocks ahead into L2 (not the next one into L1): with 8 rows a core
+// spends as long computing a block as reading it, and the L1 has too few misses in flight to hide that read behind
+// the arithmetic. Measured on a 2-core Zen 4 (bf16 products of a SmolLM2-135M forward, interleaved, median of 11):
+// 8 rows 15.2 -> 10.4 ms, 12 rows 17.1 -> 13.3, 16 rows 16.8 -> 16.0, 6 rows 10.5 -> 10.2; for 1 and 2 rows the L2
+// hint measured 10% slower than L1, so the memory-bound paths keep theirs.
+constexpr int64_t DOT_AHEAD = 4;
 
 // vdpbf16ps against two FMAs, lane by lane, on pseudo-random pairs of every magnitude (denormals, cancellations).
 bool dot_matches_fma() {
@@ -185,6 +196,42 @@ bool dot_matches_fma() {
   }
 }
 
+// Whether the vdpbf16ps tiles are faster than the FMA path on this CPU: they are on a Zen 4 (one instruction a cycle,
+// twice the products of an FMA), not on a 2-core Xeon (Emerald Rapids, model 207), where the instruction issues ~0.4
+// a cycle against two FMAs a cycle: a register loop gave 1.1 vdpbf16ps/ns against 5.5 FMA/ns per core, and a
+// SmolLM2-135M forward over 16 tokens took 48.6 ms with them against 41.5 ms without. Both give the same bits, so the
+// choice is only about speed: timed once when the module loads (8 rows x 64 weight rows x 576, in cache, alternated,
+// best of 7 each, ~2 ms), the instruction kept where it is 10% faster or more. DRAFTTREE_BF16_DOT=0/1 overrides.
+bool dot_wanted() {
+  if (const char* env = std::getenv("DRAFTTREE_BF16_DOT")) {
+    if (env[0] == '0') return false;
+    if (env[0] == '1') return true;
+  }
+  if constexpr (!HAS_DOT) {
+    return false;
+  } else {
+    using B = at::BFloat16;
+    constexpr int64_t M = 8, N = 64, K = 576;
+    std::vector<B> x(M * K), w(N * K);
+    std::vector<float> out(M * N);
+    for (int64_t i = 0; i < M * K; ++i) x[i] = B(static_cast<float>((i * 37) % 101) / 101.0f - 0.5f);
+    for (int64_t i = 0; i < N * K; ++i) w[i] = B(static_cast<float>((i * 53) % 97) / 97.0f - 0.5f);
+    FlushDenormals flush(true);
+    auto run = [&](bool dot) {
+      const auto t0 = std::chrono::steady_clock::now();
+      for (int rep = 0; rep < 8; ++rep)
+        for (int64_t n = 0; n < N; n += TILE_COLS) {
+          if (dot) rows_times_cols<B, TILE_COLS, true>(x.data(), M, w.data() + n * K, K, out.data() + n, N, nullptr);
+          else rows_times_cols<B, TILE_COLS, false>(x.data(), M, w.data() + n * K, K, out.data() + n, N, nullptr);
+        }
+      return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    };
+    double best_dot = 1e9, best_fma = 1e9;
+    for (int i = 0; i < 7; ++i) best_dot = std::min(best_dot, run(true)), best_fma = std::min(best_fma, run(false));
+    return best_dot * 1.1 <= best_fma;
+  }
+}
+
 // One weight matrix of a product: its N rows and where its [M, N] outputs go.
 template <typename T>
 struct Segment {
@@ -208,7 +255,8 @@ inline void block(const T* x, int64_t M, int64_t K, const Segment<T>& seg, int64
   if (n + step <= N) {
     // the next block is prefetched while this one computes (4+ rows: the linears of a SmolLM2 forward 4 rows
     // 27 -> 24 ms, 16 rows 50 -> 42; a bf16 row alone on Zen 4 19-22 -> 33-37 GB/s); see wide_one_row
-    const T* next = n + 2 * step <= N ? w + (n + step) * K : nullptr;
+    const int64_t ahead = is_bf16<T> && HAS_DOT && dot && !few ? DOT_AHEAD : 1;
+    const T* next = n + (ahead + 1) * step <= N ? w + (n + ahead * step) * K : nullptr;
     if (wide_one_row<T>(M)) tile<T, 1, ACC>(x, w + n * K, K, out + n, N);
     else if (few) rows_times_cols<T, FEW_ROWS_COLS>(x, M, w + n * K, K, out + n, N, next);
     else if (is_bf16<T> && HAS_DOT && dot) rows_times_cols<T, TILE_COLS, true>(x, M, w + n * K, K, out + n, N, next);
@@ -292,9 +340,11 @@ std::vector<torch::Tensor> rotary(const torch::Tensor& q, const torch::Tensor& k
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   init_lanes();
-  DOT_WORKS = dot_matches_fma();
+  const bool exact = dot_matches_fma();
+  DOT_WORKS = exact && dot_wanted();
+  m.attr("bf16_dot_exact") = exact;  // this CPU's vdpbf16ps gives the FMA path's bits
   m.attr("lanes") = LANES;  // the backend built here (16: AVX-512, 8: AVX2), part of cached cost curves' key
-  m.attr("bf16_dot") = DOT_WORKS;  // many-row bf16 products take vdpbf16ps (same bits as the FMA path)
+  m.attr("bf16_dot") = DOT_WORKS;  // many-row bf16 products take vdpbf16ps (exact, and the faster path here)
   m.def("linear", &linear, py::arg("x"), py::arg("w"), py::arg("bias") = py::none(),
         py::call_guard<py::gil_scoped_release>());  // only torch ops inside: other Python threads keep running
   m.def("linears", &linears, py::arg("x"), py::arg("ws"), py::arg("biases"), py::call_guard<py::gil_scoped_release>());
