@@ -36,11 +36,14 @@ constexpr int64_t STEP = is_bf16<T> ? 2 * LANES : LANES;
 // vdpbf16ps instruction, which DOT tiles use (twice the products per instruction: for many rows, bound by
 // arithmetic) and the others emulate with two exact FMAs (for few rows, bound by memory); with denormals flushed
 // as the instruction does (FlushDenormals), both give the same bits, so a row's result never depends on the path.
-template <typename T, int R, int C, bool DOT = false>
+// SPLIT (bf16, FMA path): the input rows come already widened, as split_rows lays them out (xs), so a tile widens only
+// its weight vectors: the widening shifts and masks issue on the FMA ports of an Intel core.
+template <typename T, int R, int C, bool DOT = false, bool SPLIT = false>
 // pf/ppi/pf_lines: prefetch ppi cache lines of pf per inner iteration, never beyond its first pf_lines lines; into L1
 // for the memory-bound paths, into L2 for DOT tiles (see DOT_AHEAD).
 inline void tile(const T* x, const T* w, int64_t K, float* out, int64_t ldo, const T* pf = nullptr, int ppi = 0,
-                 int64_t pf_lines = 0) {
+                 int64_t pf_lines = 0, const float* xs = nullptr) {
+  const int64_t xs_row = (K / STEP<T>) * 2 * LANES;  // floats of one split row
   constexpr int GROUPS = (R * C + ACC - 1) / ACC;
   constexpr int64_t line = 64 / sizeof(T);
   vec acc[GROUPS * ACC];
@@ -77,9 +80,15 @@ inline void tile(const T* x, const T* w, int64_t K, float* out, int64_t ldo, con
         we[c] = even_half(t);
       }
       for (int r = 0; r < R; ++r) {
-        raw t = rload(x + r * K + k);
-        in_register(t);
-        const vec xo = odd_half(t), xe = even_half(t);
+        vec xo, xe;
+        if constexpr (SPLIT) {
+          const float* p = xs + r * xs_row + (k / STEP<T>) * 2 * LANES;
+          xo = vload(p), xe = vload(p + LANES);
+        } else {
+          raw t = rload(x + r * K + k);
+          in_register(t);
+          xo = odd_half(t), xe = even_half(t);
+        }
         for (int c = 0; c < C; ++c) acc[r * C + c] = vfma(xe, we[c], vfma(xo, wo[c], acc[r * C + c]));
       }
     }
@@ -96,17 +105,18 @@ inline void tile(const T* x, const T* w, int64_t K, float* out, int64_t ldo, con
 }
 
 // The last rows of a block when M is not a multiple of TILE_ROWS: one tile of exactly that many rows.
-template <typename T, int R, int C, bool DOT>
+template <typename T, int R, int C, bool DOT, bool SPLIT = false>
 inline void last_rows(int64_t rest, const T* x, const T* w, int64_t K, float* out, int64_t ldo, const T* pf, int ppi,
-                      int64_t pf_lines) {
+                      int64_t pf_lines, const float* xs = nullptr) {
   if constexpr (R > 0) {
-    if (rest == R) tile<T, R, C, DOT>(x, w, K, out, ldo, pf, ppi, pf_lines);
-    else last_rows<T, R - 1, C, DOT>(rest, x, w, K, out, ldo, pf, ppi, pf_lines);
+    if (rest == R) tile<T, R, C, DOT, SPLIT>(x, w, K, out, ldo, pf, ppi, pf_lines, xs);
+    else last_rows<T, R - 1, C, DOT, SPLIT>(rest, x, w, K, out, ldo, pf, ppi, pf_lines, xs);
   }
 }
 
-template <typename T, int C, bool DOT = false>
-void rows_times_cols(const T* x, int64_t M, const T* w, int64_t K, float* out, int64_t N, const T* next) {
+template <typename T, int C, bool DOT = false, bool SPLIT = false>
+void rows_times_cols(const T* x, int64_t M, const T* w, int64_t K, float* out, int64_t N, const T* next,
+                     const float* xs = nullptr) {
   // C weight rows times every input row. While the tiles of this block compute, the next block (C weight rows,
   // contiguous) is prefetched, spread evenly over all their inner iterations: memory and arithmetic overlap
   // instead of taking turns.
@@ -124,9 +134,12 @@ void rows_times_cols(const T* x, int64_t M, const T* w, int64_t K, float* out, i
       return;
     }
   }
+  const int64_t xs_row = iters * 2 * LANES;
+  auto split = [&](int64_t row) { return xs == nullptr ? nullptr : xs + row * xs_row; };
   for (; m + TILE_ROWS <= M; m += TILE_ROWS, ++chunk)
-    tile<T, TILE_ROWS, C, DOT>(x + m * K, w, K, out + m * N, N, share(chunk), ppi, left(chunk));
-  last_rows<T, TILE_ROWS - 1, C, DOT>(M - m, x + m * K, w, K, out + m * N, N, share(chunk), ppi, left(chunk));
+    tile<T, TILE_ROWS, C, DOT, SPLIT>(x + m * K, w, K, out + m * N, N, share(chunk), ppi, left(chunk), split(m));
+  last_rows<T, TILE_ROWS - 1, C, DOT, SPLIT>(M - m, x + m * K, w, K, out + m * N, N, share(chunk), ppi, left(chunk),
+                                             split(m));
 }
 
 // bf16 products flush denormal inputs and results to zero (MXCSR DAZ + FTZ, for this thread while it lives), as
@@ -232,6 +245,23 @@ bool dot_wanted() {
   }
 }
 
+// bf16 rows widened to float32 for SPLIT tiles: per row and inner iteration, the LANES odd elements then the LANES
+// even ones (odd_half / even_half of that step's raw vector: exact, the same values the tile would compute). The
+// last K % STEP elements are left out; the tiles' scalar tail reads them from x.
+template <typename T>
+std::vector<float> split_rows(const T* x, int64_t M, int64_t K) {
+  const int64_t iters = K / STEP<T>;
+  std::vector<float> xs(M * iters * 2 * LANES);
+  for (int64_t r = 0; r < M; ++r)
+    for (int64_t i = 0; i < iters; ++i) {
+      const raw t = rload(x + r * K + i * STEP<T>);
+      float* p = xs.data() + (r * iters + i) * 2 * LANES;
+      vstore(p, odd_half(t));
+      vstore(p + LANES, even_half(t));
+    }
+  return xs;
+}
+
 // One weight matrix of a product: its N rows and where its [M, N] outputs go.
 template <typename T>
 struct Segment {
@@ -248,7 +278,7 @@ constexpr bool wide_one_row(int64_t M) { return M == 1 && !std::is_same_v<T, at:
 // Weight rows [n, n + step) of one segment times every input row.
 template <typename T>
 inline void block(const T* x, int64_t M, int64_t K, const Segment<T>& seg, int64_t n, int64_t step, bool few,
-                  bool dot) {
+                  bool dot, const float* xs) {
   const int64_t N = seg.N;
   const T* w = seg.w;
   float* out = seg.out;
@@ -260,6 +290,7 @@ inline void block(const T* x, int64_t M, int64_t K, const Segment<T>& seg, int64
     if (wide_one_row<T>(M)) tile<T, 1, ACC>(x, w + n * K, K, out + n, N);
     else if (few) rows_times_cols<T, FEW_ROWS_COLS>(x, M, w + n * K, K, out + n, N, next);
     else if (is_bf16<T> && HAS_DOT && dot) rows_times_cols<T, TILE_COLS, true>(x, M, w + n * K, K, out + n, N, next);
+    else if (xs != nullptr) rows_times_cols<T, TILE_COLS, false, true>(x, M, w + n * K, K, out + n, N, next, xs);
     else rows_times_cols<T, TILE_COLS>(x, M, w + n * K, K, out + n, N, next);
   } else {
     for (int64_t j = n; j < N; ++j)
@@ -279,12 +310,18 @@ void gemm(const T* x, int64_t M, int64_t K, const std::vector<Segment<T>>& segs)
   std::vector<int64_t> first(segs.size() + 1, 0);  // first block of each segment
   for (size_t s = 0; s < segs.size(); ++s) first[s + 1] = first[s] + (segs[s].N + step - 1) / step;
   const bool dot = DOT_WORKS && M >= DOT_ROWS;
+  // bf16 tiles on the FMA path widen the input rows once here instead of once per block (split_rows)
+  std::vector<float> xs;
+  if constexpr (is_bf16<T>) {
+    if (!few && !dot) xs = split_rows(x, M, K);
+  }
+  const float* xsp = xs.empty() ? nullptr : xs.data();
   at::parallel_for(0, first.back(), M == 1 ? 8 : 16, [&](int64_t b0, int64_t b1) {
     FlushDenormals flush(is_bf16<T>);
     size_t s = std::upper_bound(first.begin(), first.end(), b0) - first.begin() - 1;
     for (int64_t b = b0; b < b1; ++b) {
       while (b >= first[s + 1]) ++s;
-      block<T>(x, M, K, segs[s], (b - first[s]) * step, step, few, dot);
+      block<T>(x, M, K, segs[s], (b - first[s]) * step, step, few, dot, xsp);
     }
   });
 }
