@@ -171,8 +171,10 @@ def cmd_models(args) -> int:
 
 
 def cmd_calibrate(args) -> int:
+    import torch
+
     from drafttree.budget import calibration_path, compare_linear_kernels, cost_model_for, read_bandwidth, weight_bytes
-    from drafttree.kernels import kernel_status
+    from drafttree.kernels import kernel_status, small_gemm
     from drafttree.models import load_model
     from drafttree.target import TargetModel
 
@@ -187,6 +189,8 @@ def cmd_calibrate(args) -> int:
         if kernel != "on":
             raise DraftTreeError(f"--compare-kernels: the small-GEMM kernel is {kernel}")
         curves = {f"ms {k}": v for k, v in compare_linear_kernels(runner, show_progress=True).items()}
+    if kernel == "on" and lm.dtype == torch.bfloat16:  # which bf16 tile path this CPU timed faster at load
+        kernel += ", bf16 tiles " + ("vdpbf16ps" if getattr(small_gemm(), "bf16_dot", False) else "FMA")
     print(f"verify cost of {lm.name} ({str(lm.dtype).replace('torch.', '')} on {lm.device}, "
           f"{runner_threads()} threads, small-GEMM kernel {kernel}), {state}: {path}")
     floor = weight_bytes(lm.model) / read_bandwidth(runner.device)
