@@ -76,6 +76,10 @@ def small_gemm():
         if _status is not None:
             return _ext
         reason = _why_not()
+        dot = os.environ.get("DRAFTTREE_BF16_DOT")
+        if dot is not None and dot not in ("0", "1", "auto", ""):
+            print(f"drafttree: DRAFTTREE_BF16_DOT must be 0, 1 or auto, not {dot!r}; timing both paths instead",
+                  file=sys.stderr)
         if reason is None:
             try:
                 _ext = _build()

@@ -13,6 +13,7 @@
 #include <cstdlib>
 #include <chrono>
 #include <cstring>
+#include <memory>
 #include <type_traits>
 #include <vector>
 
@@ -217,8 +218,8 @@ bool dot_matches_fma() {
 // best of 7 each, ~2 ms), the instruction kept where it is 10% faster or more. DRAFTTREE_BF16_DOT=0/1 overrides.
 bool dot_wanted() {
   if (const char* env = std::getenv("DRAFTTREE_BF16_DOT")) {
-    if (env[0] == '0') return false;
-    if (env[0] == '1') return true;
+    if (std::strcmp(env, "0") == 0) return false;
+    if (std::strcmp(env, "1") == 0) return true;
   }
   if constexpr (!HAS_DOT) {
     return false;
@@ -249,13 +250,14 @@ bool dot_wanted() {
 // even ones (odd_half / even_half of that step's raw vector: exact, the same values the tile would compute). The
 // last K % STEP elements are left out; the tiles' scalar tail reads them from x.
 template <typename T>
-std::vector<float> split_rows(const T* x, int64_t M, int64_t K) {
+std::unique_ptr<float[]> split_rows(const T* x, int64_t M, int64_t K) {
   const int64_t iters = K / STEP<T>;
-  std::vector<float> xs(M * iters * 2 * LANES);
+  if (iters == 0) return nullptr;
+  std::unique_ptr<float[]> xs(new float[M * iters * 2 * LANES]);  // every element written below: no zero fill
   for (int64_t r = 0; r < M; ++r)
     for (int64_t i = 0; i < iters; ++i) {
       const raw t = rload(x + r * K + i * STEP<T>);
-      float* p = xs.data() + (r * iters + i) * 2 * LANES;
+      float* p = xs.get() + (r * iters + i) * 2 * LANES;
       vstore(p, odd_half(t));
       vstore(p + LANES, even_half(t));
     }
@@ -311,11 +313,11 @@ void gemm(const T* x, int64_t M, int64_t K, const std::vector<Segment<T>>& segs)
   for (size_t s = 0; s < segs.size(); ++s) first[s + 1] = first[s] + (segs[s].N + step - 1) / step;
   const bool dot = DOT_WORKS && M >= DOT_ROWS;
   // bf16 tiles on the FMA path widen the input rows once here instead of once per block (split_rows)
-  std::vector<float> xs;
+  std::unique_ptr<float[]> xs;
   if constexpr (is_bf16<T>) {
     if (!few && !dot) xs = split_rows(x, M, K);
   }
-  const float* xsp = xs.empty() ? nullptr : xs.data();
+  const float* xsp = xs.get();
   at::parallel_for(0, first.back(), M == 1 ? 8 : 16, [&](int64_t b0, int64_t b1) {
     FlushDenormals flush(is_bf16<T>);
     size_t s = std::upper_bound(first.begin(), first.end(), b0) - first.begin() - 1;
