@@ -292,10 +292,48 @@ def test_a_llama_forward_runs_every_layer_op_through_the_kernels_only_inside_the
         inside = dict(counting.calls)
         assert torch.allclose(model(ids).logits, ref, rtol=0, atol=0)  # outside: torch's code, bitwise as before
     assert counting.calls == inside
-    # per layer: q/k/v in one call, gate/up in one; o, down and the LM head alone; two norms and one rotary
-    assert inside == {"linears": 2 * layers_n, "linear": 2 * layers_n + 1, "rms_norm": 2 * layers_n + 1,
-                      "rotary": layers_n}, inside
+    # per layer: q/k/v in one call, the MLP in one; o and the LM head alone; two norms and one rotary
+    assert inside == {"linears": layers_n, "gated_mlp": layers_n, "linear": layers_n + 1,
+                      "rms_norm": 2 * layers_n + 1, "rotary": layers_n}, inside
     torch.testing.assert_close(got, ref, rtol=1e-4, atol=1e-4)
+
+
+class _Mlp(torch.nn.Module):
+    """A Llama-style MLP with the activation given (only SiLU's may be fused)."""
+
+    def __init__(self, act: torch.nn.Module, bias: bool = False):
+        super().__init__()
+        # 96 wide: torch's elementwise ops take a scalar tail past a multiple of 32 values (another exp), so an
+        # activation whose width is not one is not row-invariant in float32, fused or not
+        self.gate_proj, self.up_proj = torch.nn.Linear(40, 96, bias=bias), torch.nn.Linear(40, 96, bias=bias)
+        self.down_proj, self.act_fn = torch.nn.Linear(96, 40, bias=bias), act
+
+    def forward(self, x):
+        return self.down_proj(self.act_fn(self.gate_proj(x)) * self.up_proj(x))
+
+
+@needs_kernel
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("bias", [False, True])
+def test_a_gated_mlp_in_one_call_gives_the_bits_of_its_forward_through_the_kernels(dtype, bias):
+    """The fused MLP is the module's own forward with the kernel's linear layers, bit for bit, and row-invariant;
+    an MLP with another activation keeps its own forward."""
+    torch.manual_seed(4)
+    mlp, gelu = _Mlp(torch.nn.SiLU(), bias).to(dtype).eval(), _Mlp(torch.nn.GELU(), bias).to(dtype).eval()
+    with torch.no_grad():
+        with fast_linears(mlp), fast_linears(gelu):
+            pass  # installs
+        assert "forward" in mlp.__dict__ and "forward" not in gelu.__dict__
+        for rows in (1, 3, 17):
+            x = torch.randn(1, rows, 40).to(dtype)
+            with fast_linears(mlp):
+                got = mlp(x)
+                # the same module with its forward unfused: q/k/v-style shared gate/up, torch's silu and mul
+                ref = type(mlp).forward(mlp, x)
+                alone = torch.cat([mlp(x[:, i:i + 1]) for i in range(rows)], dim=1)
+            assert torch.equal(got, ref) and torch.equal(alone, got), rows
+        outside = mlp(x)  # outside the block: torch's products
+        assert torch.equal(outside, type(mlp).forward(mlp, x))
 
 
 def test_weights_moved_to_huge_pages_keep_their_values_ties_and_outputs(monkeypatch):

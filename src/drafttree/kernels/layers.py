@@ -1,10 +1,10 @@
-"""Where a model's layers meet the kernels: inside :func:`fast_linears`, a model's linear layers, Llama-style RMSNorms
-and rotary embeddings run the CPU kernels of :mod:`drafttree.kernels.gemm`; outside, the same model object runs
-torch's own code (e.g. Hugging Face's ``generate``, our ``hf-ar`` baseline).
+"""Where a model's layers meet the kernels: inside :func:`fast_linears`, a model's linear layers, Llama-style
+RMSNorms, gated MLPs and rotary embeddings run the CPU kernels of :mod:`drafttree.kernels.gemm`; outside, the same
+model object runs torch's own code (e.g. Hugging Face's ``generate``, our ``hf-ar`` baseline).
 
 Nothing of the modeling code is forked: modules get a per-instance ``forward`` that calls the kernel inside a block
-and the module's own forward elsewhere, and a norm or rotary function is taken over only after it gave the kernel's
-result on random input (variants such as Gemma's ``1 + weight`` norm keep their own code).
+and the module's own forward elsewhere, and a norm, gated MLP or rotary function is taken over only after it gave the
+kernel's result on random input (variants such as Gemma's ``1 + weight`` norm keep their own code).
 """
 
 from __future__ import annotations
@@ -91,6 +91,39 @@ def _plain_rms_norm(module: torch.nn.Module) -> float | None:
     return eps if ok else None
 
 
+def _mlp_forward(module: torch.nn.Module, biases: bool, x: torch.Tensor) -> torch.Tensor:
+    gate, up, down = module.gate_proj.weight, module.up_proj.weight, module.down_proj.weight
+    if (getattr(_active, "depth", 0) and _applies(x, gate) and x.shape[-1] == gate.shape[1]
+            and all(w.dtype == x.dtype and w.is_contiguous() for w in (up, down))):
+        bs = [module.gate_proj.bias, module.up_proj.bias, module.down_proj.bias] if biases else []
+        return gemm._ext.gated_mlp(x, gate, up, down, bs)
+    return type(module).forward(module, x)
+
+
+def _plain_gated_mlp(module: torch.nn.Module) -> bool:
+    """Whether the module computes ``down(silu(gate(x)) * up(x))`` (Llama's MLP; checked on random input against its
+    own forward, so other activations or layouts keep their own code)."""
+    parts = [getattr(module, n, None) for n in ("gate_proj", "up_proj", "down_proj")]
+    act = getattr(module, "act_fn", None)
+    if not (all(type(p) is torch.nn.Linear for p in parts) and type(act).__name__ in ("SiLU", "SiLUActivation")):
+        return False
+    w = parts[0].weight
+    if (w.dtype not in _DTYPES or w.device.type != "cpu" or parts[1].weight.shape != w.shape
+            or parts[2].in_features != w.shape[0] or parts[2].out_features != w.shape[1]
+            or any(p.weight.dtype != w.dtype for p in parts)):
+        return False
+    biases = any(p.bias is not None for p in parts)
+    with torch.inference_mode():
+        x = torch.randn(3, w.shape[1], generator=torch.Generator().manual_seed(0)).to(w.dtype)
+        bs = [p.bias for p in parts] if biases else []
+        ref = type(module).forward(module, x)
+        ours = gemm._ext.gated_mlp(x, *(p.weight.contiguous() for p in parts), bs)
+    if ref.shape != ours.shape or ref.dtype != ours.dtype:
+        return False
+    tol = 1e-4 if w.dtype == torch.float32 else 3e-2  # torch's products and the kernel's round differently
+    return torch.allclose(ours.float(), ref.float(), rtol=tol, atol=tol * float(ref.float().abs().max()))
+
+
 def _active_here(*tensors: torch.Tensor) -> bool:
     """Inside a fast_linears block, kernels not switched off, CPU tensors of one kernel dtype, no autograd."""
     dtype = tensors[0].dtype
@@ -158,6 +191,10 @@ def _install(model: torch.nn.Module) -> None:
         # every plain Linear: whether a call can take the kernel (device, dtype, layout, rows) is checked per call
         if type(module) is torch.nn.Linear and "forward" not in module.__dict__:
             module.forward = functools.partial(_forward, module)  # unlike a bound method, it pickles
+    for module in model.modules():  # after the Linears: the check runs the module's own forward through them
+        if "forward" not in module.__dict__ and _plain_gated_mlp(module):
+            biases = any(getattr(module, n).bias is not None for n in ("gate_proj", "up_proj", "down_proj"))
+            module.forward = functools.partial(_mlp_forward, module, biases)
     _install_rotary(model)
     model._drafttree_small_gemm = True
 
