@@ -440,8 +440,8 @@ def test_a_batch_bar_skips_only_trees_that_cannot_pay(others, extra):
 
 def test_a_batched_row_stops_drafting_when_its_drafts_never_pay_and_a_row_alone_does_not():
     """In a batched round a row's drafting time delays every row: a row whose drafts are never accepted stops drafting
-    (probing now and then), one whose drafts are accepted keeps drafting, and outside a batch (``cost`` None, or a
-    seeded row, which the batch decoder hands no share) nothing is gated on time."""
+    (probing now and then), one whose drafts are accepted keeps drafting. Outside a batch (``cost`` None, or a
+    seeded row, which the batch decoder hands no share) nothing is gated on time, only on modelled costs."""
     from drafttree.budget import BatchShare, CostModel, TreeBudget
     from drafttree.drafters.base import DraftRequest
 
@@ -467,7 +467,48 @@ def test_a_batched_row_stops_drafting_when_its_drafts_never_pay_and_a_row_alone_
     batch = BatchShare(curve, 15, 16, others_tokens=15.0)
     assert 0 < drafts(batch, accepted=False) < 15, "a row whose drafts never pay must stop drafting, but probe"
     assert drafts(batch, accepted=True) == 40
-    assert drafts(None, accepted=False) == 40
+    assert drafts(None, accepted=True) == 40
+
+
+def test_a_sequence_alone_stops_drafting_where_drafts_do_not_pay_and_drafts_again_when_they_do():
+    """Alone, a round's drafting (modelled seconds, no clock) and its tree's extra verification must be paid by its
+    accepted drafts: drafts that are never accepted stop (with probes), drafts accepted again bring drafting back
+    within a probe's wait, and the decisions are the same in every run (seeded runs reproduce)."""
+    from drafttree.budget import CostModel, TreeBudget
+    from drafttree.drafters.base import DraftRequest
+
+    curve = CostModel([1, 2, 4, 8], [1.0, 1.1, 1.3, 1.7])
+
+    class Logging(ConstantSource):
+        def propose(self, rc, index):
+            self.asked.append(self.round)
+            return super().propose(rc, index)
+
+    def run(plan, gate=True):
+        src = Logging([3, 4, 5], prior=0.9)
+        src.asked = []
+        hd = HybridDrafter([src], budget=TreeBudget(curve, max_total=8, min_total=1), gate=gate)
+        hd.round_seconds = 0.05  # drafting costs 5% of a step
+        hd.begin(torch.tensor([1, 2]), torch.zeros(2, 4), 2)
+        sizes = []
+        for src.round, accepted in enumerate(plan):
+            req = DraftRequest([1, 2, 2], 2, 8, Sampling(temperature=1.0), None, reproducible=True)
+            sizes.append(hd.propose(req).size)
+            committed = [2, 3, 4, 5] if accepted else [2]
+            hd.observe(committed, torch.zeros(len(committed), 4), 7)
+        return src.asked, sizes
+
+    plan = [False] * 60 + [True] * 40
+    asked, sizes = run(plan)
+    missed = [r for r in asked if r < 60]
+    assert 0 in missed and len(missed) < 30, "drafts never accepted must stop drafting"
+    assert any(r >= 30 for r in missed), "... but probe now and then"
+    assert len(run(plan, gate=False)[0]) == len(plan), "gate=False drafts every round"
+    resumed = min(r for r in asked if r >= 60)
+    assert resumed - 60 <= 16, "a probe must find the source right again within the longest wait"
+    assert asked[-(100 - resumed):] == list(range(resumed, 100)), "drafts that are accepted keep drafting"
+    assert all(n > 1 for n in sizes[resumed + 1:])
+    assert (asked, sizes) == run(plan), "no clock: the same rounds give the same decisions"
 
 
 def test_the_head_charges_the_catch_up_of_the_rounds_it_skipped():

@@ -7,7 +7,10 @@ conditional rates along its path), and the best N are verified, N chosen on this
 curve to maximise expected tokens per unit of time; N = 1 (the root alone, plain decoding) when no tree is
 expected to pay for its verification. After verification every verified node whose parent was accepted
 updates its source's calibration cell, and a :class:`Gate` stops running a costly source while its own
-accepted tokens (those no other source proposed) do not pay for its drafting. No decision reads a clock:
+accepted tokens (those no other source proposed) do not pay for its drafting; one more gate stops drafting at all
+(plain decoding rounds, with probes) while a round's accepted drafts do not pay for its drafting and the tree's extra
+verification, both in target steps (e.g. sampling on free text, where n-gram guesses are seldom drawn). No decision
+reads a clock:
 sizes come from the cached cost curve and counters, so a seeded run reproduces. The one exception is batched
 rounds of unseeded rows (seeded rows in a batch draft as if alone): there even the free sources' drafting time
 delays every row, and a :class:`Gate` on the row's measured drafting time stops rows whose drafts do not pay for it.
@@ -23,6 +26,11 @@ from drafttree.budget import least_slope
 from drafttree.drafters.base import Drafter, DraftRequest
 from drafttree.sources.base import CandidateSource, Proposal, RoundContext
 from drafttree.tree import DraftTree
+
+# What a drafting round costs outside the sources' own counted work (the free sources' lookups, merging, sizing and
+# learning): seconds, modelled, not timed, so seeded runs reproduce. ~1 ms measured on a 2-core CPU (a T=1 profile
+# of the default: ~1.1 ms a round for n-grams + corpus + merge + learning).
+ROUND_SECONDS = 1.0e-3
 
 
 class Gate:
@@ -147,6 +155,14 @@ class HybridDrafter(Drafter):
         # in a batch, drafting at all must pay for its time (Python, ~0.35 ms a row: 15% of a 16-row round): the
         # row's accepted drafts against the tokens the whole batch could have made in that time
         self.batch_gate = Gate(enabled=gate)
+        # alone, drafting at all must pay too: a round's accepted drafts against its drafting and the tree's extra
+        # verification, in target steps, per situation (the last round accepted drafts or not); a closed gate makes
+        # plain decoding rounds and probes every 4-16 of them (a copy run that starts is found within a few tokens)
+        self.draft_gate = Gate(probe=4, max_probe=16, decay=0.85, enabled=gate)
+        self.round_seconds = ROUND_SECONDS
+        self._draft: tuple[int, float] | None = None  # (situation, modelled cost in steps) of this round's drafting
+        self._steps = 0.0
+        self._last_accepted = 0
         self._batch: tuple | None = None  # (batch size bucket, drafting seconds, round forward seconds, tokens)
         self.last_alone: dict[int, int] = {}  # per source (id): accepted tokens last round no other source proposed
         self._round: tuple | None = None
@@ -159,7 +175,10 @@ class HybridDrafter(Drafter):
         for g in self.gates:
             g.reset()
         self.batch_gate.reset()
+        self.draft_gate.reset()
         self._batch = None
+        self._draft = None
+        self._last_accepted = 0
         self._round = None
         self._fresh = True
         self.source_accepts = [0] * len(self.sources)
@@ -217,7 +236,14 @@ class HybridDrafter(Drafter):
         size = int(getattr(req.cost, "rows", 2)).bit_length() if batched else 0
         if batched and not self.batch_gate.allow(size):
             return DraftTree.root_only(req.root)
+        alone = not batched and self.total_tokens is None and self.base_cost is not None
+        sit = int(self._last_accepted > 0)
+        if alone and not self.draft_gate.allow(sit):
+            req.info.update(tree_tokens=1, depth=0, sources=[], gated=True)
+            return DraftTree.root_only(req.root)
         tree = self._propose(req)
+        if alone:
+            self._draft = (sit, self._steps)
         if batched:
             self._batch = (size, time.perf_counter() - t0, req.cost.verify(1), 1.0 + float(req.cost.extra_tokens))
         return tree
@@ -252,11 +278,16 @@ class HybridDrafter(Drafter):
                 continue
             rc.earlier.append(prop)
             merged.add(prop, limit)
+        if self.base_cost is not None:  # the round's drafting in target steps, so far (for the draft gate)
+            self._steps = spent + self.round_seconds / self.base_cost.at(len(req.context)).verify(1)
         if len(merged.tokens) == 1:  # nothing proposed: plain decoding this round, nothing to learn from it
             self._round = (merged, [0], ran) if ran else None
             req.info.update(tree_tokens=1, depth=0, sources=[])
             return DraftTree.root_only(req.root)
         keep = merged.best(self._size(merged, spent, req.cost, len(req.context)))
+        if self.base_cost is not None:  # ... plus what the tree adds to the verification
+            cost = self.budget.cost
+            self._steps += (cost.verify(len(keep)) - cost.verify(1)) / cost.verify(1)
         tokens = torch.tensor([merged.tokens[i] for i in keep], dtype=torch.long)
         pos = {node: j for j, node in enumerate(keep)}
         parents = torch.tensor([-1] + [pos[merged.parents[i]] for i in keep[1:]], dtype=torch.long)
@@ -274,6 +305,11 @@ class HybridDrafter(Drafter):
             self._round = None
         for s in self.sources:
             s.observe(committed, features, next_root)
+        if self._draft is not None:
+            sit, steps = self._draft
+            self.draft_gate.record(sit, float(len(committed) - 1), steps, 1.0)
+            self._draft = None
+        self._last_accepted = len(committed) - 1
         if self._batch is not None:
             size, spent, forward, tokens = self._batch
             spent += time.perf_counter() - t0
