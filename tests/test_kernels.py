@@ -258,6 +258,32 @@ def test_rotary_gives_bitwise_what_the_modeling_code_gives(dtype):
             assert torch.equal(got, ref) and got.stride() == ref.stride()
 
 
+@needs_kernel
+def test_the_rotary_wrapper_takes_the_kernel_only_for_the_plain_call():
+    """Inside a block, the plain call (and ``unsqueeze_dim=1``) takes the kernel; any other argument, or outside a
+    block, the modeling code's own function."""
+    calls = []
+
+    def original(q, k, cos, sin, *args, **kwargs):
+        calls.append((args, kwargs))
+        return q, k
+
+    wrapped = layers._kernel_rotary(original)
+    q, k = torch.randn(1, 4, 3, 16), torch.randn(1, 2, 3, 16)
+    cos, sin = torch.randn(1, 3, 16), torch.randn(1, 3, 16)
+    model = torch.nn.Linear(2, 2)
+    with torch.no_grad():
+        wrapped(q, k, cos, sin)  # outside a block
+        with fast_linears(model):
+            for kw in ({}, {"unsqueeze_dim": 1}):
+                wrapped(q, k, cos, sin, **kw)
+            for kw in ({"unsqueeze_dim": 2}, {"position_ids": None}, {"unsqueeze_dim": 1, "position_ids": None}):
+                wrapped(q, k, cos, sin, **kw)
+            wrapped(q, k, cos, sin, None)
+    assert calls == [((), {}), ((), {"unsqueeze_dim": 2}), ((), {"position_ids": None}),
+                     ((), {"unsqueeze_dim": 1, "position_ids": None}), ((None,), {})]
+
+
 class _Counting:
     """The extension, counting the calls of each kernel."""
 

@@ -41,7 +41,16 @@ SOURCES = tuple(SOURCE.with_name(n) for n in ("small_gemm.cpp", "tree_attention.
 _DTYPES = (torch.float32, torch.bfloat16)
 
 _lock = threading.Lock()
-_active = threading.local()
+class _Active(threading.local):
+    """Per thread: inside how many fast_linears blocks (``depth``) and torch_linears blocks (``off``), and which block.
+    Class defaults, so the hot paths read plain attributes (no ``getattr`` with a default per call)."""
+
+    depth = 0
+    off = 0
+    block = None
+
+
+_active = _Active()
 _ext = None
 _status: str | None = None  # why the kernel is not used, or "on"
 
@@ -121,7 +130,7 @@ def _source_hash() -> str:
 
 def kernels_in_use() -> bool:
     """Whether linear layers inside :func:`fast_linears` run the kernel here and now (not under torch_linears)."""
-    return small_gemm() is not None and not getattr(_active, "off", 0)
+    return small_gemm() is not None and not _active.off
 
 
 def kernel_status() -> str:
@@ -133,7 +142,7 @@ def kernel_status() -> str:
 def _applies(x: torch.Tensor, w: torch.Tensor) -> bool:
     # called for every linear layer of every forward: the cheapest checks (is_cpu, not device.type) come first
     return (_ext is not None and x.is_cpu and w.is_cpu and x.dtype == w.dtype and w.dtype in _DTYPES
-            and not getattr(_active, "off", 0) and w.dim() == 2 and w.is_contiguous() and x.dim() >= 1
+            and not _active.off and w.dim() == 2 and w.is_contiguous() and x.dim() >= 1
             and 0 < x.numel() <= MAX_ROWS * x.shape[-1] and not torch.is_grad_enabled())
 
 

@@ -25,7 +25,7 @@ _blocks = itertools.count()  # fast_linears blocks, numbered: what one computed 
 
 
 def _forward(module: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:
-    if getattr(_active, "depth", 0) and _applies(x, module.weight):
+    if _active.depth and _applies(x, module.weight):
         return gemm._ext.linear(x, module.weight, module.bias)
     return F.linear(x, module.weight, module.bias)
 
@@ -45,18 +45,22 @@ class SharedInput:
     def forward(self, index: int, x: torch.Tensor) -> torch.Tensor:
         pending = self.pending
         if (pending is not None and pending[0] is x and pending[1][index] is not None  # computed for this input,
-                and pending[2] == getattr(_active, "block", None)):  # in this fast_linears block
+                and pending[2] == _active.block):  # in this fast_linears block
             out, pending[1][index] = pending[1][index], None
             if all(o is None for o in pending[1]):
                 self.pending = None
             return out
         module = self.modules[index]
-        if not (getattr(_active, "depth", 0) and _applies(x, module.weight)):
+        if not (_active.depth and _applies(x, module.weight)):
             return F.linear(x, module.weight, module.bias)
-        weights = [m.weight for m in self.modules]
-        if not all(w.dtype == x.dtype and w.is_contiguous() and w.shape[1] == x.shape[-1] for w in weights):
-            return gemm._ext.linear(x, module.weight, module.bias)
-        outs = gemm._ext.linears(x, weights, [m.bias for m in self.modules])
+        weights, biases, k, dtype = [], [], x.shape[-1], x.dtype
+        for m in self.modules:
+            w = m.weight
+            if w.dtype != dtype or not w.is_contiguous() or w.shape[1] != k:
+                return gemm._ext.linear(x, module.weight, module.bias)
+            weights.append(w)
+            biases.append(m.bias)
+        outs = gemm._ext.linears(x, weights, biases)
         out, outs[index] = outs[index], None
         self.pending = [x, outs, _active.block]
         return out
@@ -68,7 +72,9 @@ def _shared_forward(group: SharedInput, index: int, x: torch.Tensor) -> torch.Te
 
 def _norm_forward(module: torch.nn.Module, eps: float, x: torch.Tensor) -> torch.Tensor:
     w = module.weight
-    if x.dim() >= 1 and x.shape[-1] == w.shape[0] and _active_here(x, w):
+    # _active_here(x, w), spelled out: this runs twice per layer per forward
+    if (_active.depth and not _active.off and x.dtype == w.dtype and w.dtype in _DTYPES and x.is_cpu and w.is_cpu
+            and x.dim() >= 1 and x.shape[-1] == w.shape[0] and not torch.is_grad_enabled()):
         return gemm._ext.rms_norm(x, w, eps)
     return type(module).forward(module, x)
 
@@ -93,7 +99,7 @@ def _plain_rms_norm(module: torch.nn.Module) -> float | None:
 
 def _mlp_forward(module: torch.nn.Module, biases: bool, x: torch.Tensor) -> torch.Tensor:
     gate, up, down = module.gate_proj.weight, module.up_proj.weight, module.down_proj.weight
-    if (getattr(_active, "depth", 0) and _applies(x, gate) and x.shape[-1] == gate.shape[1]
+    if (_active.depth and _applies(x, gate) and x.shape[-1] == gate.shape[1]
             and all(w.dtype == x.dtype and w.is_contiguous() for w in (up, down))):
         bs = [module.gate_proj.bias, module.up_proj.bias, module.down_proj.bias] if biases else []
         return gemm._ext.gated_mlp(x, gate, up, down, bs)
@@ -127,7 +133,7 @@ def _plain_gated_mlp(module: torch.nn.Module) -> bool:
 def _active_here(*tensors: torch.Tensor) -> bool:
     """Inside a fast_linears block, kernels not switched off, CPU tensors of one kernel dtype, no autograd."""
     dtype = tensors[0].dtype
-    return (bool(getattr(_active, "depth", 0)) and not getattr(_active, "off", 0) and dtype in _DTYPES
+    return (bool(_active.depth) and not _active.off and dtype in _DTYPES
             and not torch.is_grad_enabled() and all(t.is_cpu and t.dtype == dtype for t in tensors))
 
 
@@ -136,9 +142,10 @@ def _kernel_rotary(original):
 
     @functools.wraps(original)
     def apply_rotary_pos_emb(q, k, cos, sin, *args, **kwargs):
-        if (args or kwargs.get("unsqueeze_dim", 1) != 1 or set(kwargs) - {"unsqueeze_dim"} or q.dim() != 4
-                or k.dim() != 4 or cos.dim() != 3 or q.shape[-1] != cos.shape[-1] or cos.stride(-1) != 1
-                or sin.shape != cos.shape or sin.stride() != cos.stride() or not _active_here(q, k, cos, sin)):
+        if (not _active.depth or _active.off or args or (kwargs and (len(kwargs) > 1
+                or kwargs.get("unsqueeze_dim", 0) != 1)) or q.dim() != 4 or k.dim() != 4 or cos.dim() != 3
+                or q.shape[-1] != cos.shape[-1] or cos.stride(-1) != 1 or sin.shape != cos.shape
+                or sin.stride() != cos.stride() or not _active_here(q, k, cos, sin)):
             return original(q, k, cos, sin, *args, **kwargs)
         q_out, k_out = gemm._ext.rotary(q, k, cos, sin)
         return q_out, k_out
@@ -207,8 +214,8 @@ def fast_linears(model: torch.nn.Module) -> Iterator[None]:
         yield
         return
     _install(model)
-    _active.depth = getattr(_active, "depth", 0) + 1
-    outer, _active.block = getattr(_active, "block", None), next(_blocks)
+    _active.depth += 1
+    outer, _active.block = _active.block, next(_blocks)
     try:
         yield
     finally:
@@ -220,7 +227,7 @@ def fast_linears(model: torch.nn.Module) -> Iterator[None]:
 def torch_linears() -> Iterator[None]:
     """Inside the block :func:`fast_linears` is inert and attention takes torch's path too (``attention.kernel_for``):
     torch's kernels only, for side-by-side measurements."""
-    _active.off = getattr(_active, "off", 0) + 1
+    _active.off += 1
     try:
         yield
     finally:
