@@ -511,6 +511,17 @@ def test_a_sequence_alone_stops_drafting_where_drafts_do_not_pay_and_drafts_agai
     assert (asked, sizes) == run(plan), "no clock: the same rounds give the same decisions"
 
 
+def test_the_draft_gate_is_an_option_of_the_composition():
+    from drafttree.drafters import make_drafter
+    from drafttree.models import LoadedModel
+
+    tl = LoadedModel(tiny_causal_lm("llama", vocab=40, hidden=32, seed=3), None, "tiny", "")
+    draft = LoadedModel(tiny_causal_lm("llama", vocab=40, hidden=32, seed=4), None, "tiny-draft", "")
+    gates = [make_drafter("hybrid", tl, draft, None, total_tokens=4, **kw).draft_gate.enabled
+             for kw in ({}, {"draft_gate": False}, {"gate": False})]
+    assert gates == [True, False, False]
+
+
 def test_the_head_charges_the_catch_up_of_the_rounds_it_skipped():
     """A head that drafts after a closed gate's wait first encodes every pair committed meanwhile, in one forward
     over them all: its drafting cost (what the gate weighs) grows with that backlog."""
