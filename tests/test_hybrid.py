@@ -471,9 +471,9 @@ def test_a_batched_row_stops_drafting_when_its_drafts_never_pay_and_a_row_alone_
 
 
 def test_a_sequence_alone_stops_drafting_where_drafts_do_not_pay_and_drafts_again_when_they_do():
-    """Alone, a round's drafting (modelled seconds, no clock) and its tree's extra verification must be paid by its
-    accepted drafts: drafts that are never accepted stop (with probes), drafts accepted again bring drafting back
-    within a probe's wait, and the decisions are the same in every run (seeded runs reproduce)."""
+    """Alone and sampling, a round's drafting (modelled seconds, no clock) and its tree's extra verification must be
+    paid by its accepted drafts: drafts that are never accepted stop (with probes), drafts accepted again bring
+    drafting back within a probe's wait, and the decisions are the same in every run (seeded runs reproduce)."""
     from drafttree.budget import CostModel, TreeBudget
     from drafttree.drafters.base import DraftRequest
 
@@ -484,7 +484,9 @@ def test_a_sequence_alone_stops_drafting_where_drafts_do_not_pay_and_drafts_agai
             self.asked.append(self.round)
             return super().propose(rc, index)
 
-    def run(plan, gate=True):
+    sampled = Sampling(temperature=1.0)
+
+    def run(plan, gate=True, sampling=sampled):
         src = Logging([3, 4, 5], prior=0.9)
         src.asked = []
         hd = HybridDrafter([src], budget=TreeBudget(curve, max_total=8, min_total=1), gate=gate)
@@ -492,7 +494,7 @@ def test_a_sequence_alone_stops_drafting_where_drafts_do_not_pay_and_drafts_agai
         hd.begin(torch.tensor([1, 2]), torch.zeros(2, 4), 2)
         sizes = []
         for src.round, accepted in enumerate(plan):
-            req = DraftRequest([1, 2, 2], 2, 8, Sampling(temperature=1.0), None, reproducible=True)
+            req = DraftRequest([1, 2, 2], 2, 8, sampling, None, reproducible=True)
             sizes.append(hd.propose(req).size)
             committed = [2, 3, 4, 5] if accepted else [2]
             hd.observe(committed, torch.zeros(len(committed), 4), 7)
@@ -504,6 +506,7 @@ def test_a_sequence_alone_stops_drafting_where_drafts_do_not_pay_and_drafts_agai
     assert 0 in missed and len(missed) < 30, "drafts never accepted must stop drafting"
     assert any(r >= 30 for r in missed), "... but probe now and then"
     assert len(run(plan, gate=False)[0]) == len(plan), "gate=False drafts every round"
+    assert len(run(plan, sampling=Sampling())[0]) == len(plan), "greedy: the budget alone sizes the trees"
     resumed = min(r for r in asked if r >= 60)
     assert resumed - 60 <= 16, "a probe must find the source right again within the longest wait"
     assert asked[-(100 - resumed):] == list(range(resumed, 100)), "drafts that are accepted keep drafting"

@@ -7,9 +7,9 @@ conditional rates along its path), and the best N are verified, N chosen on this
 curve to maximise expected tokens per unit of time; N = 1 (the root alone, plain decoding) when no tree is
 expected to pay for its verification. After verification every verified node whose parent was accepted
 updates its source's calibration cell, and a :class:`Gate` stops running a costly source while its own
-accepted tokens (those no other source proposed) do not pay for its drafting; one more gate stops drafting at all
-(plain decoding rounds, with probes) while a round's accepted drafts do not pay for its drafting and the tree's extra
-verification, both in target steps (e.g. sampling on free text, where n-gram guesses are seldom drawn). No decision
+accepted tokens (those no other source proposed) do not pay for its drafting; when sampling, one more gate stops
+drafting at all (plain decoding rounds, with probes) while a round's accepted drafts do not pay for its drafting and
+the tree's extra verification, both in target steps (free text, where n-gram guesses are seldom drawn). No decision
 reads a clock:
 sizes come from the cached cost curve and counters, so a seeded run reproduces. The one exception is batched
 rounds of unseeded rows (seeded rows in a batch draft as if alone): there even the free sources' drafting time
@@ -155,9 +155,9 @@ class HybridDrafter(Drafter):
         # in a batch, drafting at all must pay for its time (Python, ~0.35 ms a row: 15% of a 16-row round): the
         # row's accepted drafts against the tokens the whole batch could have made in that time
         self.batch_gate = Gate(enabled=gate)
-        # alone, drafting at all must pay too: a round's accepted drafts against its drafting and the tree's extra
-        # verification, in target steps, per situation (the last round accepted drafts or not); a closed gate makes
-        # plain decoding rounds and probes every 4-16 of them (a copy run that starts is found within a few tokens)
+        # alone and sampling, drafting at all must pay too: a round's accepted drafts against its drafting and the
+        # tree's extra verification, in target steps, per situation (the last round accepted drafts or not); a closed
+        # gate makes plain decoding rounds and probes every 4-16 of them
         self.draft_gate = Gate(probe=4, max_probe=16, decay=0.85, enabled=gate)
         self.round_seconds = ROUND_SECONDS
         self._draft: tuple[int, float] | None = None  # (situation, modelled cost in steps) of this round's drafting
@@ -236,7 +236,10 @@ class HybridDrafter(Drafter):
         size = int(getattr(req.cost, "rows", 2)).bit_length() if batched else 0
         if batched and not self.batch_gate.allow(size):
             return DraftTree.root_only(req.root)
-        alone = not batched and self.total_tokens is None and self.base_cost is not None
+        # sampling only: at T=0 the budget's calibrated trees paid on every task measured, and a closed gate missed
+        # the start of copy runs (docs/benchmark-notes.md, stop 33: tau 2.17 -> 2.11 on 11 prompt classes)
+        alone = (not batched and self.total_tokens is None and self.base_cost is not None
+                 and not req.sampling.greedy)
         sit = int(self._last_accepted > 0)
         if alone and not self.draft_gate.allow(sit):
             req.info.update(tree_tokens=1, depth=0, sources=[], gated=True)
