@@ -145,3 +145,28 @@ def test_batched_rows_equal_their_sequential_forwards(arch, overhead):
         for r, (tree, path) in enumerate(zip(trees, paths)):
             texts[r] += tree.tokens[path].tolist()
         assert bt.lens == [len(t) for t in texts]
+
+
+def test_the_cache_goes_under_the_name_the_forward_takes_without_deprecation_warnings():
+    """transformers 5.24 renamed ``past_key_values`` to ``cache`` (the old name warns, then goes): each forward gets
+    the name its signature has, and a prefill + tree forward of a stock model raises no such warning."""
+    import warnings
+
+    from drafttree.cache import cache_arg
+
+    class Old(torch.nn.Module):
+        def forward(self, x, past_key_values=None):
+            return x
+
+    class New(torch.nn.Module):
+        def forward(self, x, cache=None, **kwargs):
+            return x
+
+    assert cache_arg(Old()) == "past_key_values" and cache_arg(New()) == "cache"
+    runner = TargetModel(tiny_causal_lm("llama", vocab=50, hidden=32, seed=1))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        runner.prefill(torch.tensor([1, 2, 3]))
+        idx = torch.arange(3)
+        runner.forward_tree(torch.tensor([4, 5, 6]), idx, idx[:, None] >= idx[None, :])
+    assert not [w for w in caught if "past_key_values" in str(w.message)]

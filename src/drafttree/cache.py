@@ -9,8 +9,26 @@ It is a drop-in ``DynamicCache`` (transformers' ``generate`` accepts it as ``pas
 
 from __future__ import annotations
 
+import functools
+import inspect
+
 import torch
 from transformers.cache_utils import Cache, DynamicCache, DynamicLayer
+
+
+def cache_arg(module: torch.nn.Module) -> str:
+    """The keyword under which ``module``'s forward takes its KV cache: transformers 5.24 renamed ``past_key_values``
+    to ``cache`` (the old name warns, and is removed in 5.40); earlier 5.x versions only know the old one."""
+    return _cache_arg(type(module))
+
+
+@functools.cache
+def _cache_arg(cls: type) -> str:
+    try:
+        params = inspect.signature(cls.forward).parameters  # follows the deprecation wrapper's __wrapped__
+    except (TypeError, ValueError):
+        return "past_key_values"
+    return "cache" if "cache" in params else "past_key_values"
 
 
 class GrowingLayer(DynamicLayer):

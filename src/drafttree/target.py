@@ -14,7 +14,7 @@ import torch
 from transformers import DynamicCache
 
 from drafttree.attention import grouped_attention
-from drafttree.cache import GrowingCache
+from drafttree.cache import GrowingCache, cache_arg
 from drafttree.errors import DraftTreeError
 from drafttree.kernels import fast_linears
 
@@ -136,8 +136,8 @@ class TargetModel:
             causal = torch.tril(torch.ones(n, n, dtype=torch.bool, device=self.device))
             mask = self._masks(causal, positions, positions)
         out, aux = self._run(
-            input_ids=ids, attention_mask=mask, position_ids=positions[None], past_key_values=self.cache,
-            use_cache=True,
+            input_ids=ids, attention_mask=mask, position_ids=positions[None], use_cache=True,
+            **{cache_arg(self.base): self.cache},
         )
         feats = out.last_hidden_state[0]
         self.length = n
@@ -170,8 +170,8 @@ class TargetModel:
             input_ids=tokens.reshape(1, m).to(self.device),
             attention_mask=self._masks(attend.to(self.device), positions, tail_pos),
             position_ids=positions[None],
-            past_key_values=self.cache,
             use_cache=True,
+            **{cache_arg(self.base): self.cache},
         )
         self._pending += m
         self._pending_pos = tail_pos

@@ -17,7 +17,7 @@ from __future__ import annotations
 import torch
 
 from drafttree.attention import PackedRows, RowRun, kernel_for, row_runs
-from drafttree.cache import GrowingCache
+from drafttree.cache import GrowingCache, cache_arg
 from drafttree.errors import DraftTreeError
 from drafttree.target import ForwardOutput, TargetModel, run_with_features
 from drafttree.tree import DraftTree
@@ -166,8 +166,8 @@ class BatchTarget:
         try:
             with row_runs(runs, packed):
                 out, aux = run_with_features(self.model, self.feature_layers, input_ids=tokens, attention_mask=mask,
-                                             position_ids=positions[row, node][None],
-                                             past_key_values=self.cache, use_cache=True)
+                                             position_ids=positions[row, node][None], use_cache=True,
+                                             **{cache_arg(self.model.base_model): self.cache})
         finally:
             self.cache.set_scatter(None)
         hidden = out.last_hidden_state[0]

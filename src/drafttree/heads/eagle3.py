@@ -23,6 +23,7 @@ from transformers import LlamaConfig
 from transformers.models.llama.modeling_llama import LlamaDecoderLayer, LlamaRMSNorm, LlamaRotaryEmbedding
 
 from drafttree import kernels
+from drafttree.cache import cache_arg
 from drafttree.errors import DraftTreeError
 from drafttree.heads.eagle3_format import VARIANTS, checkpoint_of, default_aux_layers, layer_config_from, write_eagle3
 from drafttree.heads.model import write_checkpoint
@@ -50,8 +51,8 @@ class Eagle3Layer(nn.Module):
         residual = normed if self.norm_before_residual else hidden
         x = torch.cat([self.input_layernorm(emb), normed], dim=-1)
         out = self.self_attn(hidden_states=x, attention_mask=attention_mask, position_ids=position_ids,
-                             past_key_values=cache, use_cache=cache is not None,
-                             position_embeddings=position_embeddings)
+                             use_cache=cache is not None, position_embeddings=position_embeddings,
+                             **{cache_arg(self.self_attn): cache})
         h = residual + (out[0] if isinstance(out, tuple) else out)
         return h + self.mlp(self.post_attention_layernorm(h))
 

@@ -25,6 +25,7 @@ from safetensors.torch import save_file
 from torch import nn
 
 from drafttree import kernels
+from drafttree.cache import cache_arg
 from drafttree.kernels.memory import huge_page_copy
 
 FORMAT = "drafttree-eagle1"
@@ -106,8 +107,8 @@ class EagleHead(nn.Module):
         h = self.fc(torch.cat([emb, features.to(self.fc.weight.dtype)], dim=-1))
         pos_emb = self._rotary[0](h, position_ids)
         for layer in self.layers:
-            out = layer(h, attention_mask=attention_mask, position_ids=position_ids, past_key_values=cache,
-                        use_cache=cache is not None, position_embeddings=pos_emb)
+            out = layer(h, attention_mask=attention_mask, position_ids=position_ids, use_cache=cache is not None,
+                        position_embeddings=pos_emb, **{cache_arg(layer): cache})
             h = out[0] if isinstance(out, tuple) else out
         return h
 

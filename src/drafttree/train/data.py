@@ -22,7 +22,7 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 from tqdm import tqdm
 
-from drafttree.cache import GrowingCache
+from drafttree.cache import GrowingCache, cache_arg
 from drafttree.errors import DraftTreeError
 from drafttree.models import LoadedModel
 
@@ -121,8 +121,8 @@ def batched_greedy(model, prompts: list[list[int]], max_new_tokens: int, eos: se
     ids, mask = ids.to(device), mask.to(device)
     pos = (mask.cumsum(1) - 1).clamp(min=0)
     cache = GrowingCache()
-    out = model(input_ids=ids, attention_mask=mask, position_ids=pos, past_key_values=cache, use_cache=True,
-                logits_to_keep=1)
+    out = model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=True, logits_to_keep=1,
+                **{cache_arg(model): cache})
     nxt = out.logits[:, -1].argmax(-1)
     nextpos = pos[:, -1] + 1
     rows = list(range(B))  # original index of each live row
@@ -147,8 +147,8 @@ def batched_greedy(model, prompts: list[list[int]], max_new_tokens: int, eos: se
             rows = [rows[r] for r in keep]
             dead = 0
         mask = torch.cat([mask, torch.ones(len(rows), 1, dtype=mask.dtype, device=device)], 1)
-        out = model(input_ids=nxt[:, None], attention_mask=mask, position_ids=nextpos[:, None],
-                    past_key_values=cache, use_cache=True)
+        out = model(input_ids=nxt[:, None], attention_mask=mask, position_ids=nextpos[:, None], use_cache=True,
+                    **{cache_arg(model): cache})
         nxt = out.logits[:, -1].argmax(-1)
         nextpos = nextpos + 1
     return answers
