@@ -161,7 +161,7 @@ class HybridDrafter(Drafter):
         self.draft_gate = Gate(probe=4, max_probe=16, decay=0.85, enabled=gate)
         self.round_seconds = ROUND_SECONDS
         self._draft: tuple[int, float] | None = None  # (situation, modelled cost in steps) of this round's drafting
-        self._steps = 0.0
+        self._spent = 0.0
         self._last_accepted = 0
         self._batch: tuple | None = None  # (batch size bucket, drafting seconds, round forward seconds, tokens)
         self.last_alone: dict[int, int] = {}  # per source (id): accepted tokens last round no other source proposed
@@ -245,8 +245,10 @@ class HybridDrafter(Drafter):
             req.info.update(tree_tokens=1, depth=0, sources=[], gated=True)
             return DraftTree.root_only(req.root)
         tree = self._propose(req)
-        if alone:
-            self._draft = (sit, self._steps)
+        if alone:  # the round's drafting in target steps: counted work, the modelled Python, the tree's extra verify
+            cost = self.base_cost.at(len(req.context))
+            v1 = cost.verify(1)
+            self._draft = (sit, self._spent + (self.round_seconds + cost.verify(tree.size) - v1) / v1)
         if batched:
             self._batch = (size, time.perf_counter() - t0, req.cost.verify(1), 1.0 + float(req.cost.extra_tokens))
         return tree
@@ -281,16 +283,12 @@ class HybridDrafter(Drafter):
                 continue
             rc.earlier.append(prop)
             merged.add(prop, limit)
-        if self.base_cost is not None:  # the round's drafting in target steps, so far (for the draft gate)
-            self._steps = spent + self.round_seconds / self.base_cost.at(len(req.context)).verify(1)
+        self._spent = spent  # the costly sources' drafting, in target steps (for the draft gate)
         if len(merged.tokens) == 1:  # nothing proposed: plain decoding this round, nothing to learn from it
             self._round = (merged, [0], ran) if ran else None
             req.info.update(tree_tokens=1, depth=0, sources=[])
             return DraftTree.root_only(req.root)
         keep = merged.best(self._size(merged, spent, req.cost, len(req.context)))
-        if self.base_cost is not None:  # ... plus what the tree adds to the verification
-            cost = self.budget.cost
-            self._steps += (cost.verify(len(keep)) - cost.verify(1)) / cost.verify(1)
         tokens = torch.tensor([merged.tokens[i] for i in keep], dtype=torch.long)
         pos = {node: j for j, node in enumerate(keep)}
         parents = torch.tensor([-1] + [pos[merged.parents[i]] for i in keep[1:]], dtype=torch.long)

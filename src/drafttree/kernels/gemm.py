@@ -41,6 +41,8 @@ SOURCES = tuple(SOURCE.with_name(n) for n in ("small_gemm.cpp", "tree_attention.
 _DTYPES = (torch.float32, torch.bfloat16)
 
 _lock = threading.Lock()
+
+
 class _Active(threading.local):
     """Per thread: inside how many fast_linears blocks (``depth``) and torch_linears blocks (``off``), and which block.
     Class defaults, so the hot paths read plain attributes (no ``getattr`` with a default per call)."""
