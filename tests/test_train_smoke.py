@@ -174,3 +174,54 @@ def test_two_process_training_keeps_replicas_in_sync(pipeline):
     summary = json.loads((out / "summary.json").read_text())
     assert summary["processes"] == 2 and summary["replicas_in_sync"] is True
     assert sorted(p.name for p in out.iterdir()) == ["checkpoint", "head", "summary.json"]
+
+
+def test_held_out_split_can_be_kept_to_samples_an_earlier_head_never_saw():
+    from drafttree.train.unroll import split_samples
+
+    samples = [{"i": i} for i in range(50)]
+    train, held = split_samples(samples, 4, seed=0)
+    assert len(held) == 4 and len(train) == 46 and not {s["i"] for s in held} & {s["i"] for s in train}
+    assert split_samples(samples, 4, seed=0)[1] == held, "the split is a function of the seed"
+    train, held = split_samples(samples, 4, seed=0, eval_after=30)
+    assert len(held) == 2 and all(s["i"] >= 30 for s in held)  # a tenth of the 20 candidates
+    assert len(train) == 48 and all(s["i"] < 30 for s in train[:30])
+    with pytest.raises(DraftTreeError, match="eval-after"):
+        split_samples(samples, 4, seed=0, eval_after=50)
+
+
+def test_training_continues_from_a_head_and_heads_compare_on_one_held_out_set(pipeline, default_fp32, capsys):
+    """--init-head starts from a head's weights and draft vocabulary; eval-head scores heads side by side."""
+    from drafttree.cli import main
+
+    base = pipeline / "init-base"
+    cfg = TrainConfig(features=str(pipeline / "features"), out=str(base), epochs=1, batch_tokens=256,
+                      draft_vocab=300, eval_samples=1, eval_every=0, save_every=0, ttt_steps=2, max_steps=2,
+                      mixed_precision="no", warmup_steps=1, lr=0.01)
+    train_head(default_fp32, cfg, show_progress=False)
+    first = load_head(base / "head", default_fp32)
+    frozen = TrainConfig(**{**cfg.__dict__, "out": str(pipeline / "init-cont"), "init_head": str(base / "head"),
+                            "draft_vocab": 8192, "lr": 1e-12, "max_steps": 1, "eval_after": 3})
+    summary = train_head(default_fp32, frozen, show_progress=False)
+    cont = load_head(pipeline / "init-cont" / "head", default_fp32)
+    assert torch.equal(cont.draft_vocab, first.draft_vocab), "the init head's draft vocabulary is kept"
+    for k, v in first.trainable_state().items():  # a step at lr 1e-12 leaves the weights where they started
+        torch.testing.assert_close(cont.trainable_state()[k], v)
+    assert summary["draft_vocab"] == 300 and summary["eval_samples"] == 1
+    moved = TrainConfig(**{**frozen.__dict__, "out": str(pipeline / "init-moved"), "lr": 0.05})
+    train_head(default_fp32, moved, show_progress=False)
+    w = load_head(pipeline / "init-moved" / "head", default_fp32).trainable_state()["fc.weight"]
+    assert not torch.equal(w, first.trainable_state()["fc.weight"]), "training from the init head trains it"
+    wrong = TrainConfig(**{**frozen.__dict__, "out": str(pipeline / "init-wrong"), "head_kind": "eagle3"})
+    with pytest.raises(DraftTreeError, match="not eagle3"):
+        train_head(default_fp32, wrong, show_progress=False)
+
+    capsys.readouterr()
+    args = ["eval-head", "--features", str(pipeline / "features"), "--head", str(base / "head"), "--head",
+            str(pipeline / "init-moved" / "head"), "--eval-samples", "1", "--eval-after", "3", "--depth", "2"]
+    assert main(args) == 0
+    rep = json.loads(capsys.readouterr().out)
+    assert rep["held_out_samples"] == 1 and len(rep["heads"]) == 2
+    a, b = rep["heads"].values()
+    assert a["positions"] == b["positions"] > 0 and len(a["top1"]) == 2
+    assert main(args[:-4] + ["--eval-after", "99"]) == 2  # a clear error, not a traceback

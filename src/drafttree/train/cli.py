@@ -34,6 +34,29 @@ def cmd_train(args) -> int:
     return 0
 
 
+def cmd_eval_head(args) -> int:
+    """Held-out accuracy of one or more heads on the same held-out conversations (the training split's)."""
+    import torch
+
+    from drafttree.heads import load_head_for
+    from drafttree.models import load_model
+    from drafttree.train.data import load_feature_dir
+    from drafttree.train.unroll import evaluate, split_samples
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    target = load_model(args.model, dtype=args.dtype, device=args.device)
+    heads = [load_head_for(target, h, required=True) for h in args.head]
+    manifest, samples = load_feature_dir(args.features, with_aux=any(h.kind == "eagle3" for h in heads))
+    if manifest["target"]["hidden_size"] != target.config.hidden_size:
+        raise DraftTreeError(f"features in {args.features} do not belong to {target.name}")
+    _, held = split_samples(samples, args.eval_samples, args.seed, args.eval_after)
+    lm_w = target.model.get_output_embeddings().weight.detach()
+    report = {str(h.path): evaluate(h, held, args.depth, 2048, target.device, lm_w) for h in heads}
+    print(json.dumps({"held_out_samples": len(held), "eval_after": args.eval_after, "heads": report}, indent=1))
+    return 0
+
+
 def add_parser(sub) -> None:
     from drafttree.train.head import TrainConfig
 
@@ -47,6 +70,20 @@ def add_parser(sub) -> None:
     t.add_argument("--resume", action="store_true", help="continue the run in --out after a crash or kill")
     _add_config_args(t, TrainConfig, skip=("features", "out"))
     t.set_defaults(func=cmd_train)
+
+    e = sub.add_parser("eval-head", help="held-out draft accuracy of heads, side by side on the same conversations")
+    e.add_argument("--features", required=True, help="feature directory from `drafttree data features`")
+    e.add_argument("--head", action="append", required=True, help="head directory or `auto`; repeat to compare")
+    e.add_argument("--model", default="smollm2-135m-instruct")
+    e.add_argument("--dtype", default="float32")
+    e.add_argument("--device", default="auto")
+    e.add_argument("--threads", type=int, default=None)
+    e.add_argument("--eval-samples", type=int, default=64)
+    e.add_argument("--eval-after", type=int, default=0, help="held-out samples drawn from this index on, as in "
+                   "`drafttree train --eval-after`")
+    e.add_argument("--seed", type=int, default=0)
+    e.add_argument("--depth", type=int, default=5, help="draft steps to score")
+    e.set_defaults(func=cmd_eval_head)
 
     try:
         from drafttree.train.length import add_length_parser

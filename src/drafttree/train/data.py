@@ -399,11 +399,13 @@ def extract_features(
             "loss_tokens": sum(s["loss_tokens"] for s in manifest["shards"])}
 
 
-def load_feature_dir(path: str | Path) -> tuple[dict, list[dict]]:
-    """Read a feature directory: (manifest, samples) with samples as {input_ids, loss_mask, hidden} tensors.
+def load_feature_dir(path: str | Path, with_aux: bool = True) -> tuple[dict, list[dict]]:
+    """Read a feature directory: (manifest, samples) with samples as {input_ids, loss_mask, hidden} tensors
+    (and ``aux`` when stored and ``with_aux``: three times the size of ``hidden``, needed by EAGLE-3 only).
 
     Missing or corrupt shards are clear errors.
     """
+    keys = ("input_ids", "loss_mask", "hidden", "offsets") + (("aux",) if with_aux else ())
     path = Path(path)
     man_path = path / "manifest.json"
     if not man_path.exists():
@@ -422,7 +424,7 @@ def load_feature_dir(path: str | Path) -> tuple[dict, list[dict]]:
         try:
             with safe_open(str(f), framework="pt") as st:
                 names = set(st.keys())  # noqa: SIM118 - a safetensors handle, not a dict
-                t = {k: st.get_tensor(k) for k in ("input_ids", "loss_mask", "hidden", "offsets", "aux") if k in names}
+                t = {k: st.get_tensor(k) for k in keys if k in names}
         except Exception as e:  # safetensors raises several types for truncated/corrupt files
             raise DraftTreeError(f"{path}: shard {s['file']} is corrupt ({e})") from None
         off = t["offsets"].tolist()

@@ -77,6 +77,8 @@ class TrainConfig:
     mixed_precision: str = "bf16"  # bf16 | no
     head_kind: str = "eagle1"  # eagle1 (fc 2H->H, feature regression + CE) | eagle3 (fused layers, CE only)
     max_steps: int = 0  # 0 = run all epochs (smoke tests set a small number)
+    init_head: str = ""  # start from this head (weights and draft vocabulary): continued training on more data
+    eval_after: int = 0  # hold out only samples from this index on (those an --init-head never trained on)
 
 
 # ------------------------------------------------------------------------------------ checkpointing
@@ -152,6 +154,20 @@ def lr_at(step: int, total: int, cfg: TrainConfig) -> float:
 # ------------------------------------------------------------------------------------------- train
 
 
+def _init_head(cfg: TrainConfig, target):
+    """The head to continue from: same kind, and its draft vocabulary is kept (its LM-head rows are the ones
+    it learnt to rank)."""
+    from drafttree.heads import load_head
+
+    init = load_head(cfg.init_head, target)
+    want = "eagle3" if cfg.head_kind == "eagle3" else "eagle"
+    if init.kind != want:
+        raise DraftTreeError(f"--init-head {cfg.init_head} is an {init.kind} head, not {cfg.head_kind}")
+    if init.draft_vocab is None and cfg.draft_vocab:
+        raise DraftTreeError(f"--init-head {cfg.init_head} drafts over the full vocabulary: pass --draft-vocab 0")
+    return init
+
+
 def train_head(target, cfg: TrainConfig, resume: bool = False, show_progress: bool = True) -> dict:
     """Train a head for ``target`` (a LoadedModel) from ``cfg.features``; writes ``cfg.out``."""
     from accelerate import Accelerator
@@ -160,7 +176,7 @@ def train_head(target, cfg: TrainConfig, resume: bool = False, show_progress: bo
     ckpt = out / "checkpoint"
     if out.exists() and (ckpt / "progress.json").exists() and not resume:
         raise DraftTreeError(f"{out} already holds a training run; pass --resume to continue it or pick another --out")
-    manifest, samples = load_feature_dir(cfg.features)
+    manifest, samples = load_feature_dir(cfg.features, with_aux=cfg.head_kind == "eagle3")
     sig = manifest["target"]
     if sig["hidden_size"] != target.config.hidden_size or sig["vocab_size"] != target.vocab_size:
         raise DraftTreeError(f"features in {cfg.features} were extracted from {sig['name']} "
@@ -173,7 +189,7 @@ def train_head(target, cfg: TrainConfig, resume: bool = False, show_progress: bo
     if key == "aux" and not manifest.get("aux_layers"):
         raise DraftTreeError(f"{cfg.features} holds no aux-layer features: re-extract them with "
                              "`drafttree data features --aux-layers auto` to train an EAGLE-3 head")
-    train_set, eval_set = split_samples(samples, cfg.eval_samples, cfg.seed)
+    train_set, eval_set = split_samples(samples, cfg.eval_samples, cfg.seed, cfg.eval_after)
     if not train_set:
         raise DraftTreeError("no training samples left after the held-out split")
     # a target on the CPU trains on the CPU (several processes: gloo); on GPUs each process takes its own
@@ -181,7 +197,12 @@ def train_head(target, cfg: TrainConfig, resume: bool = False, show_progress: bo
     dev = acc.device
     target.model.to(dev)
     eos = sorted(target.eos_token_ids())
-    draft_vocab = choose_draft_vocab(train_set, cfg.draft_vocab, target.vocab_size, eos)
+    init = _init_head(cfg, target) if cfg.init_head else None
+    if init is not None and cfg.head_kind == "eagle3" and list(init.aux_layers) != list(manifest["aux_layers"]):
+        raise DraftTreeError(f"--init-head {cfg.init_head} fuses layers {init.aux_layers}, the features hold "
+                             f"{manifest['aux_layers']}")
+    draft_vocab = init.draft_vocab if init is not None else choose_draft_vocab(train_set, cfg.draft_vocab,
+                                                                               target.vocab_size, eos)
     coverage = vocab_coverage(eval_set, draft_vocab, target.vocab_size)
     torch.manual_seed(cfg.seed)
     if cfg.head_kind == "eagle3":
@@ -190,6 +211,12 @@ def train_head(target, cfg: TrainConfig, resume: bool = False, show_progress: bo
     else:
         head = EagleHead(target.model, cfg.num_layers, draft_vocab, target_name=target.name,
                          fc_bias=bool(cfg.fc_bias)).to(dev).float()
+    if init is not None:
+        try:
+            head.load_state_dict({k: v.float() for k, v in init.trainable_state().items()})
+        except RuntimeError as e:
+            raise DraftTreeError(f"--init-head {cfg.init_head} does not match the head being trained "
+                                 f"(layers, fc bias): {str(e).splitlines()[0]}") from None
     head.train()
     opt = torch.optim.AdamW([p for p in head.parameters() if p.requires_grad], lr=cfg.lr, betas=(0.9, 0.95),
                             weight_decay=cfg.weight_decay)
@@ -218,7 +245,8 @@ def train_head(target, cfg: TrainConfig, resume: bool = False, show_progress: bo
                disable=not (show_progress and acc.is_main_process))
     info = {"train_samples": len(train_set), "eval_samples": len(eval_set),
             "train_loss_tokens": int(sum(int(s["loss_mask"].sum()) for s in train_set)),
-            "draft_vocab": cfg.draft_vocab, "draft_vocab_coverage": round(coverage, 4)}
+            "draft_vocab": 0 if draft_vocab is None else int(draft_vocab.numel()),
+            "draft_vocab_coverage": round(coverage, 4)}
     last_eval = None
     done = False
     for epoch in range(progress["epoch"], cfg.epochs):

@@ -66,17 +66,17 @@ def asymmetric_l1(pred: torch.Tensor, label: torch.Tensor, lam: float) -> torch.
 def train_length_predictor(target, head, features: str, out: str, k_max: int = 8, lam: float = 3.0,
                            epochs: int = 8, lr: float = 1e-3, batch: int = 512, width: int = 256,
                            max_samples: int = 0, eval_samples: int = 64, seed: int = 0, max_len: int = 2048,
-                           show_progress: bool = True) -> dict:
+                           eval_after: int = 0, show_progress: bool = True) -> dict:
     if getattr(head, "kind", "eagle") != "eagle":
         raise DraftTreeError("the AdaEAGLE length predictor reads the target's last hidden state: train it for "
                              "EAGLE-1/2 heads, not for this EAGLE-3 head")
     out_p = Path(out)
     out_p.mkdir(parents=True, exist_ok=True)
     label_file = out_p / f"ldlp-labels-k{k_max}.safetensors"
-    manifest, samples = load_feature_dir(features)
+    manifest, samples = load_feature_dir(features, with_aux=False)
     if manifest["target"]["hidden_size"] != target.config.hidden_size:
         raise DraftTreeError(f"features in {features} do not belong to {target.name}")
-    train_s, eval_s = split_samples(samples, eval_samples, seed)  # same held-out split as the head's training
+    train_s, eval_s = split_samples(samples, eval_samples, seed, eval_after)  # the head's held-out split
     if max_samples:
         train_s = train_s[:max_samples]
     dev = target.device
@@ -149,7 +149,7 @@ def cmd_train_length(args) -> int:
     out = args.out or str(head.path)
     report = train_length_predictor(target, head, args.features, out, k_max=args.k_max, lam=args.lam,
                                     epochs=args.epochs, lr=args.lr, max_samples=args.max_samples,
-                                    eval_samples=args.eval_samples, seed=args.seed)
+                                    eval_samples=args.eval_samples, seed=args.seed, eval_after=args.eval_after)
     print(json.dumps(report, indent=1))
     return 0
 
@@ -169,5 +169,7 @@ def add_length_parser(sub) -> None:
     p.add_argument("--lr", type=float, default=1e-3)
     p.add_argument("--max-samples", type=int, default=0, help="label at most this many training samples")
     p.add_argument("--eval-samples", type=int, default=64)
+    p.add_argument("--eval-after", type=int, default=0, help="hold out only samples from this index on (as the "
+                   "head's training did)")
     p.add_argument("--seed", type=int, default=0)
     p.set_defaults(func=cmd_train_length)

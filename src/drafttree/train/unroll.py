@@ -8,6 +8,7 @@ import random
 import torch
 import torch.nn.functional as F
 
+from drafttree.errors import DraftTreeError
 from drafttree.heads.model import EagleHead
 
 # ------------------------------------------------------------------------------------------ data
@@ -39,10 +40,15 @@ def vocab_coverage(samples: list[dict], draft_vocab: torch.Tensor | None, vocab_
     return hit / max(1, tot)
 
 
-def split_samples(samples: list[dict], eval_samples: int, seed: int) -> tuple[list[dict], list[dict]]:
-    order = list(range(len(samples)))
+def split_samples(samples: list[dict], eval_samples: int, seed: int,
+                  eval_after: int = 0) -> tuple[list[dict], list[dict]]:
+    """(train, held-out): ``eval_samples`` conversations (at most a tenth) held out, drawn only from index
+    ``eval_after`` on, so a head trained on the first ``eval_after`` samples is measured on unseen ones."""
+    if not 0 <= eval_after < len(samples):
+        raise DraftTreeError(f"eval-after {eval_after} leaves no sample to hold out (there are {len(samples)})")
+    order = list(range(eval_after, len(samples)))
     random.Random(seed).shuffle(order)
-    n_eval = min(eval_samples, max(1, len(samples) // 10))
+    n_eval = min(eval_samples, max(1, len(order) // 10))
     held = set(order[:n_eval])
     return [s for i, s in enumerate(samples) if i not in held], [samples[i] for i in sorted(held)]
 
