@@ -307,13 +307,35 @@ def test_end_to_end_quick_run_float32(tmp_path):
     assert s["results"]["lookup:linears=torch"]["qa"]["identical_prompts"] == 1
 
 
+def test_head_variants_run_side_by_side(tmp_path, capsys):
+    """``METHOD:head=DIR`` runs a method with another head in the same run (an old and a new head compared);
+    here with no --head at all, so the variant's head is the only one loaded."""
+    from drafttree.cli import main
+    from drafttree.heads import shipped_head_dir
+
+    shipped = shipped_head_dir("smollm2-135m-instruct")
+    out = tmp_path / "run"
+    rc = main(["bench", "--quick", "--head", "none", "--methods", f"ar,eagle2:head={shipped}", "--tasks", "qa",
+               "--prompts", "1", "--max-new-tokens", "12", "--dtype", "float32", "--threads", "2", "--out", str(out)])
+    assert rc == 0
+    s = json.loads((out / "summary.json").read_text())
+    res = s["results"][f"eagle2:head={shipped}"]["qa"]
+    assert res["identical_prompts"] == 1 and res["tau"] > 1.0, "the variant drafted with its head, losslessly"
+    capsys.readouterr()
+    rc = main(["bench", "--quick", "--head", "none", "--methods", f"ar,eagle2:head={tmp_path / 'nothing'}",
+               "--tasks", "qa", "--prompts", "1", "--max-new-tokens", "4", "--dtype", "float32",
+               "--out", str(tmp_path / "bad")])
+    assert rc == 2 and "nothing" in capsys.readouterr().err
+
+
 def test_linear_kernel_variants_are_a_benchmark_option():
     import contextlib
 
     from drafttree.kernels import torch_linears
 
-    assert R.method_parts("eagle2:k=4:linears=torch") == ("eagle2", {"k": 4}, torch_linears)
-    assert R.method_parts("eagle2:k=4") == ("eagle2", {"k": 4}, contextlib.nullcontext)
+    assert R.method_parts("eagle2:k=4:linears=torch") == ("eagle2", {"k": 4}, torch_linears, None)
+    assert R.method_parts("eagle2:k=4") == ("eagle2", {"k": 4}, contextlib.nullcontext, None)
+    assert R.method_parts("auto:head=runs/x/head").head == "runs/x/head"
     with pytest.raises(DraftTreeError, match="linears="):
         R.method_parts("ar:linears=fast")
 

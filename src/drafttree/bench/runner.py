@@ -17,6 +17,7 @@ import sys
 import time
 from dataclasses import asdict
 from pathlib import Path
+from typing import Any, NamedTuple
 
 from drafttree.bench.config import (
     BENCH_METHODS,
@@ -92,6 +93,7 @@ class BenchRunner:
         self.lm = None
         self.methods: list[str] = []
         self._variants: dict = {}  # method spec -> its own drafter (benchmark variants such as linears=torch)
+        self._heads: dict = {}  # head=DIR variants' heads, by directory
 
     # ---- setup -------------------------------------------------------------------------------------------
     def _skip_or_fail(self, method: str, reason: str) -> None:
@@ -131,7 +133,8 @@ class BenchRunner:
                                show_progress=self.show_progress)
         head = None
         self.head_path = None
-        head_methods = [m for m in wanted if needs_head(parse_method(m)[0]) or parse_method(m)[0] in BENCH_METHODS]
+        head_methods = [m for m in wanted if (needs_head(parse_method(m)[0]) or parse_method(m)[0] in BENCH_METHODS)
+                        and "head" not in parse_method(m)[1]]  # a head=DIR variant brings its own
         if (head_methods or any(uses_models(m) for m in wanted)) and cfg.head:
             from drafttree.heads import load_head_for, shipped_head_dir
 
@@ -156,8 +159,11 @@ class BenchRunner:
                 continue
             if m not in HF_METHODS:
                 try:  # build it now: config errors surface before any timing
-                    name, opts, linears = method_parts(m)
-                    self._drafter(m, torch.tensor([0, 1]), 1) if name in BENCH_METHODS else self.lm.drafter(name, opts)
+                    name, opts, linears, head_dir = method_parts(m)
+                    if name in BENCH_METHODS:
+                        self._drafter(m, torch.tensor([0, 1]), 1)
+                    elif head_dir is None:  # a head=DIR variant is built below, with its head
+                        self.lm.drafter(name, opts)
                     with linears():  # a variant's own drafter (and its verify-cost curve) before any timing
                         self._variant_drafter(m)
                 except DraftTreeError as e:
@@ -179,15 +185,31 @@ class BenchRunner:
     def _variant_drafter(self, method: str):
         """For ``linears=torch`` a drafter of its own, built under torch's kernels (so its tree budget uses the
         verify-cost curve measured with them); None: the model's own drafter for the method."""
-        name, opts, linears = method_parts(method)
-        if linears is contextlib.nullcontext:
+        name, opts, linears, head_dir = method_parts(method)
+        if linears is contextlib.nullcontext and head_dir is None:
             return None
         if method not in self._variants:
             from drafttree.drafters import make_drafter
 
             lm = self.lm
-            self._variants[method] = make_drafter(lm._resolve_method(name), lm.target, lm.draft, lm.head, **opts)
+            if head_dir is None:
+                head, resolved = lm.head, lm._resolve_method(name)
+            else:  # the run's model may hold no head at all (--head none): resolve with this one
+                head, resolved = self._other_head(head_dir), "hybrid" if name == "auto" else name
+            self._variants[method] = make_drafter(resolved, lm.target, lm.draft, head, **opts)
         return self._variants[method]
+
+    def _other_head(self, path: str):
+        """A ``head=DIR`` variant's head; it must read the target features the run's model exposes."""
+        if path not in self._heads:
+            from drafttree.heads import load_head_for
+
+            head = load_head_for(self.lm.target, path, required=True)
+            if getattr(head, "aux_layers", None) != getattr(self.lm.head, "aux_layers", None):
+                raise DraftTreeError(f"head={path} reads other target layers than --head: compare heads of one "
+                                     "kind (pass the EAGLE-3 one as --head)")
+            self._heads[path] = head
+        return self._heads[path]
 
     # ---- one prompt -------------------------------------------------------------------------------------
     def answer(self, method: str, question: Question, seed: int, max_new_tokens: int | None = None,
@@ -217,7 +239,7 @@ class BenchRunner:
             else:
                 _sync(dev)
                 t0 = time.perf_counter()
-                name, opts, linears = method_parts(method)
+                name, opts, linears, _ = method_parts(method)
                 with linears():
                     drafter = self._drafter(method, ids, max_new) if name in BENCH_METHODS else \
                         self._variant_drafter(method)
@@ -296,15 +318,25 @@ class BenchRunner:
                 return
 
 
-def method_parts(method: str):
-    """(name, drafter options, linear-kernel context) of a method spec. The benchmark's own option
-    ``linears=torch`` runs the method with torch's linear kernels instead of the small-GEMM kernel, so one run
-    can put the two side by side (``--methods auto,auto:linears=torch``)."""
+class Variant(NamedTuple):
+    name: str
+    opts: dict
+    linears: Any  # a context manager: torch's linear kernels, or nothing
+    head: str | None  # another head directory for this method, or None: the run's --head
+
+
+def method_parts(method: str) -> Variant:
+    """A method spec's name, drafter options and the benchmark's own options, which put variants of one
+    method side by side in one run: ``linears=torch`` (torch's linear kernels instead of the small-GEMM kernel:
+    ``--methods auto,auto:linears=torch``) and ``head=DIR`` (another head than ``--head``, e.g. an old and a
+    new head: ``--methods auto,auto:head=runs/new/head``)."""
     name, opts = parse_method(method)
     linears = opts.pop("linears", "auto")
     if linears not in ("auto", "torch"):
         raise DraftTreeError(f"linears={linears!r} in {method!r}: choose auto or torch")
-    return name, opts, torch_linears if linears == "torch" else contextlib.nullcontext
+    head = opts.pop("head", None)
+    return Variant(name, opts, torch_linears if linears == "torch" else contextlib.nullcontext,
+                   None if head is None else str(head))
 
 
 def _load_tasks(cfg: BenchConfig) -> tuple[list[Task], list[str]]:
