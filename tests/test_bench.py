@@ -326,6 +326,9 @@ def test_head_variants_run_side_by_side(tmp_path, capsys):
                "--tasks", "qa", "--prompts", "1", "--max-new-tokens", "4", "--dtype", "float32",
                "--out", str(tmp_path / "bad")])
     assert rc == 2 and "nothing" in capsys.readouterr().err
+    rc = main(["bench", "--quick", "--methods", f"ar,lookup:head={shipped}", "--tasks", "qa", "--prompts", "1",
+               "--max-new-tokens", "4", "--dtype", "float32", "--out", str(tmp_path / "bad2")])
+    assert rc == 2 and "head= applies to methods that draft with a head" in capsys.readouterr().err
 
 
 def test_linear_kernel_variants_are_a_benchmark_option():

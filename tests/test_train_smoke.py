@@ -224,4 +224,6 @@ def test_training_continues_from_a_head_and_heads_compare_on_one_held_out_set(pi
     assert rep["held_out_samples"] == 1 and len(rep["heads"]) == 2
     a, b = rep["heads"].values()
     assert a["positions"] == b["positions"] > 0 and len(a["top1"]) == 2
+    capsys.readouterr()
     assert main(args[:-4] + ["--eval-after", "99"]) == 2  # a clear error, not a traceback
+    assert "eval-after 99 leaves no sample" in capsys.readouterr().err

@@ -135,7 +135,12 @@ class BenchRunner:
         self.head_path = None
         head_methods = [m for m in wanted if (needs_head(parse_method(m)[0]) or parse_method(m)[0] in BENCH_METHODS)
                         and "head" not in parse_method(m)[1]]  # a head=DIR variant brings its own
-        if (head_methods or any(uses_models(m) for m in wanted)) and cfg.head:
+        variants = [m for m in wanted if "head" in parse_method(m)[1]]
+        for m in variants:
+            if not (needs_head(parse_method(m)[0]) or uses_models(m)):
+                self._skip_or_fail(m, "head= applies to methods that draft with a head")
+        explicit = cfg.head not in (None, "", "auto") and variants  # compared with a head= variant: load it
+        if (head_methods or explicit or any(uses_models(m) for m in wanted)) and cfg.head:
             from drafttree.heads import load_head_for, shipped_head_dir
 
             try:
@@ -205,9 +210,10 @@ class BenchRunner:
             from drafttree.heads import load_head_for
 
             head = load_head_for(self.lm.target, path, required=True)
-            if getattr(head, "aux_layers", None) != getattr(self.lm.head, "aux_layers", None):
-                raise DraftTreeError(f"head={path} reads other target layers than --head: compare heads of one "
-                                     "kind (pass the EAGLE-3 one as --head)")
+            mine, run = getattr(head, "aux_layers", None), getattr(self.lm.head, "aux_layers", None)
+            if mine != run:  # the target exposes one set of layers per run: --head's
+                raise DraftTreeError(f"head={path} reads target layers {mine or 'last'}, --head reads "
+                                     f"{run or 'last'}: compare heads that read the same layers")
             self._heads[path] = head
         return self._heads[path]
 
@@ -319,6 +325,8 @@ class BenchRunner:
 
 
 class Variant(NamedTuple):
+    """A benchmark method spec, taken apart."""
+
     name: str
     opts: dict
     linears: Any  # a context manager: torch's linear kernels, or nothing

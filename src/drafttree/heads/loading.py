@@ -72,8 +72,9 @@ def head_layout(cfg: dict, keys) -> str:
     return "eagle1"
 
 
-def load_head(path: str | Path, target):
-    """Load a head for ``target`` (a LoadedModel), refusing one that does not fit it."""
+def load_head(path: str | Path, target, dtype: torch.dtype | None = None):
+    """Load a head for ``target`` (a LoadedModel), refusing one that does not fit it; in the target's dtype
+    unless ``dtype`` says otherwise (training continues a head in float32)."""
     cfg = read_head_config(path)
     state = read_weights(path)
     state = {k.removeprefix("model."): v for k, v in state.items()}  # vLLM-style prefixes
@@ -83,7 +84,7 @@ def load_head(path: str | Path, target):
                              "(EAGLE-3 only)")
     head = _load_eagle1(path, cfg, state, target) if layout == "eagle1" else _load_eagle3(path, cfg, state, target,
                                                                                          layout)
-    head.to(device=target.device, dtype=target.dtype).eval().requires_grad_(False)
+    head.to(device=target.device, dtype=dtype or target.dtype).eval().requires_grad_(False)
     move_to_huge_pages(head)  # each draft level streams the head's weights, like a target forward (kernels/memory.py)
     head.meta = cfg.get("drafttree", {})
     head.path = Path(path)

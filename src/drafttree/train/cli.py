@@ -46,10 +46,14 @@ def cmd_eval_head(args) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     target = load_model(args.model, dtype=args.dtype, device=args.device)
-    heads = [load_head_for(target, h, required=True) for h in args.head]
+    heads = [load_head_for(target, None if h == "auto" else h, required=True) for h in args.head]
     manifest, samples = load_feature_dir(args.features, with_aux=any(h.kind == "eagle3" for h in heads))
     if manifest["target"]["hidden_size"] != target.config.hidden_size:
         raise DraftTreeError(f"features in {args.features} do not belong to {target.name}")
+    for h in heads:
+        if h.kind == "eagle3" and list(h.aux_layers) != list(manifest.get("aux_layers") or []):
+            raise DraftTreeError(f"head {h.path} fuses layers {h.aux_layers}; {args.features} holds "
+                                 f"{manifest.get('aux_layers')}")
     _, held = split_samples(samples, args.eval_samples, args.seed, args.eval_after)
     lm_w = target.model.get_output_embeddings().weight.detach()
     report = {str(h.path): evaluate(h, held, args.depth, 2048, target.device, lm_w) for h in heads}

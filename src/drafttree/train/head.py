@@ -155,11 +155,11 @@ def lr_at(step: int, total: int, cfg: TrainConfig) -> float:
 
 
 def _init_head(cfg: TrainConfig, target):
-    """The head to continue from: same kind, and its draft vocabulary is kept (its LM-head rows are the ones
-    it learnt to rank)."""
+    """The head to continue from, trained as loaded (architecture, variants, weights); its draft vocabulary is
+    kept (``--draft-vocab`` does not apply): its LM-head rows are the ones it learnt to rank."""
     from drafttree.heads import load_head
 
-    init = load_head(cfg.init_head, target)
+    init = load_head(cfg.init_head, target, dtype=torch.float32)  # as stored, not rounded to the target's dtype
     want = "eagle3" if cfg.head_kind == "eagle3" else "eagle"
     if init.kind != want:
         raise DraftTreeError(f"--init-head {cfg.init_head} is an {init.kind} head, not {cfg.head_kind}")
@@ -201,22 +201,18 @@ def train_head(target, cfg: TrainConfig, resume: bool = False, show_progress: bo
     if init is not None and cfg.head_kind == "eagle3" and list(init.aux_layers) != list(manifest["aux_layers"]):
         raise DraftTreeError(f"--init-head {cfg.init_head} fuses layers {init.aux_layers}, the features hold "
                              f"{manifest['aux_layers']}")
-    draft_vocab = init.draft_vocab if init is not None else choose_draft_vocab(train_set, cfg.draft_vocab,
-                                                                               target.vocab_size, eos)
+    draft_vocab = init.draft_vocab.cpu() if init is not None else choose_draft_vocab(
+        train_set, cfg.draft_vocab, target.vocab_size, eos)
     coverage = vocab_coverage(eval_set, draft_vocab, target.vocab_size)
     torch.manual_seed(cfg.seed)
-    if cfg.head_kind == "eagle3":
+    if init is not None:  # the loaded head itself: its architecture, variants and weights as published
+        head = init.to(dev).float().requires_grad_(True)
+    elif cfg.head_kind == "eagle3":
         head = Eagle3Head(target.model, draft_vocab=draft_vocab, aux_layers=manifest["aux_layers"],
                           target_name=target.name).to(dev).float()
     else:
         head = EagleHead(target.model, cfg.num_layers, draft_vocab, target_name=target.name,
                          fc_bias=bool(cfg.fc_bias)).to(dev).float()
-    if init is not None:
-        try:
-            head.load_state_dict({k: v.float() for k, v in init.trainable_state().items()})
-        except RuntimeError as e:
-            raise DraftTreeError(f"--init-head {cfg.init_head} does not match the head being trained "
-                                 f"(layers, fc bias): {str(e).splitlines()[0]}") from None
     head.train()
     opt = torch.optim.AdamW([p for p in head.parameters() if p.requires_grad], lr=cfg.lr, betas=(0.9, 0.95),
                             weight_decay=cfg.weight_decay)

@@ -44,7 +44,7 @@ def split_samples(samples: list[dict], eval_samples: int, seed: int,
                   eval_after: int = 0) -> tuple[list[dict], list[dict]]:
     """(train, held-out): ``eval_samples`` conversations (at most a tenth) held out, drawn only from index
     ``eval_after`` on, so a head trained on the first ``eval_after`` samples is measured on unseen ones."""
-    if not 0 <= eval_after < len(samples):
+    if eval_after and not 0 < eval_after < len(samples):
         raise DraftTreeError(f"eval-after {eval_after} leaves no sample to hold out (there are {len(samples)})")
     order = list(range(eval_after, len(samples)))
     random.Random(seed).shuffle(order)
