@@ -39,6 +39,9 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--temperature", type=float, default=0.0)
     ap.add_argument("--distilled", help="the distilled answers the shipped corpus was built from")
+    ap.add_argument("--keep-corpus-fit", action="store_true",
+                    help="greedy: keep the corpus source's fit already in the file (`drafttree data corpus --priors` "
+                         "fits it on 10%% of the answers, far more than these prompts)")
     args = ap.parse_args()
     if args.distilled and not Path(args.distilled).is_file():
         raise SystemExit(f"distilled answers not found: {args.distilled}")
@@ -68,7 +71,10 @@ def main() -> None:
     if args.temperature > 0:
         data["sampled"] = fit
     else:  # greedy fits of other sources (e.g. the corpus source's, from `drafttree data corpus`) stay
-        data.setdefault("sources", {}).update(fit.pop("sources"))
+        new = fit.pop("sources")
+        if args.keep_corpus_fit and "corpus" in data.get("sources", {}):
+            new.pop("corpus", None)
+        data.setdefault("sources", {}).update(new)
         data.update(fit)
     path.write_text(json.dumps(data))
     print(f"wrote {Path(args.out) / PRIORS_FILE}")

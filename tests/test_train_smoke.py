@@ -227,3 +227,20 @@ def test_training_continues_from_a_head_and_heads_compare_on_one_held_out_set(pi
     capsys.readouterr()
     assert main(args[:-4] + ["--eval-after", "99"]) == 2  # a clear error, not a traceback
     assert "eval-after 99 leaves no sample" in capsys.readouterr().err
+
+
+def test_held_out_evaluation_of_a_float32_head_over_a_bf16_target():
+    """Training keeps the head in float32 while a bf16 target's LM-head rows score its drafts (a crash once)."""
+    from conftest import tiny_causal_lm
+
+    from drafttree.heads import EagleHead
+    from drafttree.train.unroll import evaluate
+
+    model = tiny_causal_lm(vocab=64, hidden=32, dtype=torch.bfloat16)
+    head = EagleHead(model, draft_vocab=torch.arange(0, 64, 2)).float()
+    torch.manual_seed(1)
+    n = 12
+    sample = {"input_ids": torch.randint(0, 64, (n,)), "loss_mask": torch.arange(n) >= 4,
+              "hidden": torch.randn(n, 32, dtype=torch.bfloat16)}
+    rep = evaluate(head, [sample], 2, 64, torch.device("cpu"), model.get_output_embeddings().weight)
+    assert rep["positions"] > 0 and len(rep["top1"]) == 2

@@ -210,6 +210,9 @@ def evaluate(head: EagleHead, samples: list[dict], depth: int, max_len: int, dev
     chain_ok = torch.zeros(depth)
     n = 0
     vocab_ids = head.draft_vocab.to(device) if head.draft_vocab is not None else None
+    # the draft LM head's dtype: an EAGLE-1 head's rows are the target's (bf16 when the target is), whatever
+    # precision the head itself trains in
+    draft_dtype = (head.draft_head_weight() if hasattr(head, "draft_head_weight") else head.lm_head.weight).dtype
     for s in samples:
         ids, mask, valid, feats, inputs = (t.to(device) for t in collate([s], [0], max_len, key))
         outs = unrolled_forward(head, feats, ids, mask, valid, depth, 0.0, train=False, inputs=inputs)
@@ -218,7 +221,7 @@ def evaluate(head: EagleHead, samples: list[dict], depth: int, max_len: int, dev
         n += int(base.sum())
         greedy = target_greedy(lm_w, feats[0])  # the target's token after every position
         for k, (pred, _tgt, lm) in enumerate(outs):
-            d = head.draft_logits(pred[0].to(head.fc.weight.dtype)).argmax(-1)
+            d = head.draft_logits(pred[0].to(draft_dtype)).argmax(-1)
             d = vocab_ids[d] if vocab_ids is not None else d
             t = shifted(greedy, k + 1)  # step k+1 from anchor t predicts the token after position t+k+1
             correct = (d == t) & lm[0]
