@@ -290,8 +290,8 @@ def train_head(target, cfg: TrainConfig, resume: bool = False, show_progress: bo
                       f"chain tau {last_eval['expected_chain_tau']}")
             _save_checkpoint(ckpt, raw, opt, progress)
     bar.close()
-    if last_eval is None:
-        last_eval = evaluate(raw, eval_set, cfg.eval_depth, cfg.max_len, dev, lm_w)
+    if last_eval is None or progress["history"][-1]["step"] != progress["step"]:  # the summary scores the head as
+        last_eval = evaluate(raw, eval_set, cfg.eval_depth, cfg.max_len, dev, lm_w)  # saved (--max-steps stops)
     summary = {**info, "steps": progress["step"], "train_seconds": round(progress["seconds"], 1),
                "tokens_seen": progress["tokens"], "eval": last_eval, "processes": n_proc}
     if n_proc > 1:  # every process must hold the same weights after synchronised steps
