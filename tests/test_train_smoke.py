@@ -244,3 +244,13 @@ def test_held_out_evaluation_of_a_float32_head_over_a_bf16_target():
               "hidden": torch.randn(n, 32, dtype=torch.bfloat16)}
     rep = evaluate(head, [sample], 2, 64, torch.device("cpu"), model.get_output_embeddings().weight)
     assert rep["positions"] > 0 and len(rep["top1"]) == 2
+
+
+def test_every_train_option_explains_itself():
+    """`drafttree train --help` reads each option's text from TrainConfig: a new option without one fails here."""
+    from dataclasses import fields
+
+    from drafttree.train.head import TrainConfig
+
+    missing = [f.name for f in fields(TrainConfig) if f.name not in ("features", "out") and not f.metadata.get("help")]
+    assert not missing, f"TrainConfig options without help text: {missing}"

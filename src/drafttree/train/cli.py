@@ -14,7 +14,8 @@ def _add_config_args(p: argparse.ArgumentParser, cls, skip: tuple[str, ...]) -> 
         if f.name in skip:
             continue
         flag = "--" + f.name.replace("_", "-")
-        p.add_argument(flag, type=type(f.default) if f.default is not None else str, default=f.default)
+        p.add_argument(flag, type=type(f.default) if f.default is not None else str, default=f.default,
+                       help=f"{f.metadata.get('help', '')} (default: {f.default!r})".lstrip())
 
 
 def cmd_train(args) -> int:
@@ -68,9 +69,9 @@ def add_parser(sub) -> None:
     t.add_argument("--features", required=True, help="feature directory from `drafttree data features`")
     t.add_argument("--out", required=True, help="run directory; the head is written to OUT/head")
     t.add_argument("--model", default="smollm2-135m-instruct", help="the target the features came from")
-    t.add_argument("--dtype", default="bfloat16")
-    t.add_argument("--device", default="auto")
-    t.add_argument("--threads", type=int, default=None)
+    t.add_argument("--dtype", default="bfloat16", help="the target's dtype (the head trains in float32)")
+    t.add_argument("--device", default="auto", help="cpu, cuda, cuda:N or auto")
+    t.add_argument("--threads", type=int, default=None, help="CPU threads (default: torch's choice)")
     t.add_argument("--resume", action="store_true", help="continue the run in --out after a crash or kill")
     _add_config_args(t, TrainConfig, skip=("features", "out"))
     t.set_defaults(func=cmd_train)

@@ -26,7 +26,7 @@ import math
 import os
 import shutil
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import torch
@@ -49,36 +49,44 @@ from drafttree.train.unroll import (
 )
 
 
+def _opt(default, help: str):
+    """A training option with its ``--help`` text (read by ``drafttree train``'s argument parser)."""
+    return field(default=default, metadata={"help": help})
+
+
 @dataclass
 class TrainConfig:
     features: str
     out: str
-    num_layers: int = 1
-    fc_bias: int = 1  # 0 for heads meant for vLLM, whose EAGLE-1 fc has no bias
-    draft_vocab: int = 8192  # 0 = full vocabulary
-    epochs: int = 10
-    lr: float = 5e-4
-    min_lr_ratio: float = 0.1
-    warmup_steps: int = 200
-    batch_tokens: int = 8192
-    max_len: int = 2048
-    v_weight: float = 1.0
-    p_weight: float = 0.1
-    noise: float = 0.1  # uniform feature noise half-width, scaled by 512/len as in EAGLE
-    ttt_steps: int = 1
-    step_decay: float = 0.8
-    grad_clip: float = 0.5
-    weight_decay: float = 0.0
-    eval_samples: int = 64
-    eval_every: int = 500
-    eval_depth: int = 5
-    save_every: int = 200
-    seed: int = 0
-    mixed_precision: str = "bf16"  # bf16 | no
-    head_kind: str = "eagle1"  # eagle1 (fc 2H->H, feature regression + CE) | eagle3 (fused layers, CE only)
-    max_steps: int = 0  # 0 = run all epochs (smoke tests set a small number)
-    init_head: str = ""  # start from this head (weights and draft vocabulary): continued training on more data
-    eval_after: int = 0  # hold out only samples from this index on (those an --init-head never trained on)
+    num_layers: int = _opt(1, "decoder layers in an EAGLE-1 head")
+    fc_bias: int = _opt(1, "1: the EAGLE-1 fc has a bias; 0 for heads meant for vLLM, whose EAGLE-1 fc has none")
+    draft_vocab: int = _opt(8192, "draft vocabulary size: the most frequent response tokens (0 = the full "
+                                  "vocabulary; an --init-head keeps its own)")
+    epochs: int = _opt(10, "passes over the training conversations")
+    lr: float = _opt(5e-4, "peak learning rate (AdamW; linear warm-up, then cosine decay to the last step)")
+    min_lr_ratio: float = _opt(0.1, "the final learning rate as a fraction of --lr")
+    warmup_steps: int = _opt(200, "optimizer steps of linear warm-up")
+    batch_tokens: int = _opt(8192, "tokens per optimizer step (conversations packed up to this)")
+    max_len: int = _opt(2048, "conversations are cut to this many tokens")
+    v_weight: float = _opt(1.0, "EAGLE-1: weight of the feature-regression (smooth L1) loss")
+    p_weight: float = _opt(0.1, "EAGLE-1: weight of the token cross-entropy loss")
+    noise: float = _opt(0.1, "uniform noise half-width on the input features, scaled by 512/len as in EAGLE")
+    ttt_steps: int = _opt(1, "unrolled draft steps per position (EAGLE-3's training-time test; it uses 7)")
+    step_decay: float = _opt(0.8, "loss weight of unrolled step i is step_decay**i")
+    grad_clip: float = _opt(0.5, "gradient-norm clip")
+    weight_decay: float = _opt(0.0, "AdamW weight decay")
+    eval_samples: int = _opt(64, "held-out conversations, never trained on, scored every --eval-every steps")
+    eval_every: int = _opt(500, "steps between held-out evaluations")
+    eval_depth: int = _opt(5, "draft steps scored by the held-out evaluation")
+    save_every: int = _opt(200, "steps between checkpoints (--resume continues from the last)")
+    seed: int = _opt(0, "seed of the held-out split, batch order and initialisation")
+    mixed_precision: str = _opt("bf16", "bf16 | no")
+    head_kind: str = _opt("eagle1", "eagle1 (fc 2H->H, feature regression + CE) | eagle3 (three fused target "
+                                    "layers, CE against the target's distribution only)")
+    max_steps: int = _opt(0, "stop after this many optimizer steps; the schedule ends there (0 = all epochs)")
+    init_head: str = _opt("", "continue this head (weights, architecture and draft vocabulary) on the features")
+    eval_after: int = _opt(0, "draw the held-out conversations only from this sample index on (e.g. those an "
+                              "--init-head never trained on)")
 
 
 # ------------------------------------------------------------------------------------ checkpointing
@@ -165,6 +173,9 @@ def _init_head(cfg: TrainConfig, target):
         raise DraftTreeError(f"--init-head {cfg.init_head} is an {init.kind} head, not {cfg.head_kind}")
     if init.draft_vocab is None and cfg.draft_vocab:
         raise DraftTreeError(f"--init-head {cfg.init_head} drafts over the full vocabulary: pass --draft-vocab 0")
+    if init.draft_vocab is not None and cfg.draft_vocab and len(init.draft_vocab) != cfg.draft_vocab:
+        print(f"[drafttree] --init-head keeps its draft vocabulary of {len(init.draft_vocab)} tokens "
+              f"(--draft-vocab {cfg.draft_vocab} applies to new heads only)", flush=True)
     return init
 
 
