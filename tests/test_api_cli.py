@@ -158,3 +158,26 @@ def test_verbose_summary_of_rounds_with_numbers_and_lists(capsys):
     _print_verbose(SimpleNamespace(stats=st))
     err = capsys.readouterr().err
     assert "depth mean 1.00 (first 2, last 0)" in err and "sources head 1, ngram 1" in err
+
+
+def test_compiled_forward_is_timed_beside_ours():
+    """`calibrate --compare-compile`: an untouched copy of the model, compiled over a static cache, timed at every
+    size next to our path over the same context."""
+    import copy
+
+    from conftest import tiny_causal_lm
+
+    from drafttree.bench.compiled import compiled_vs_ours
+    from drafttree.target import TargetModel
+
+    model = tiny_causal_lm()
+    stock = copy.deepcopy(model)
+    curves = compiled_vs_ours(TargetModel(model), stock, context=16, sizes=(1, 3), reps=2)
+    assert set(curves) == {"ours", "compiled"}
+    for c in curves.values():
+        assert c.sizes == [1, 3] and c.context == 16 and all(s > 0 for s in c.seconds)
+
+
+def test_cli_calibrate_rejects_bad_compile_sizes(capsys):
+    rc, out, err = _cli(capsys, "calibrate", "--dtype", "float32", "--compare-compile", "--compile-sizes", "0,4")
+    assert rc != 0 and "--compile-sizes takes token counts >= 1" in err

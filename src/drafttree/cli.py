@@ -178,6 +178,9 @@ def cmd_calibrate(args) -> int:
     from drafttree.models import load_model
     from drafttree.target import TargetModel
 
+    if args.compare_compile and args.compare_kernels:
+        raise DraftTreeError("pass --compare-kernels or --compare-compile, not both")
+    sizes = tuple(_positive_ints(args.compile_sizes, "--compile-sizes"))
     _threads(args.threads)
     lm = load_model(args.model, dtype=args.dtype, device=args.device)
     runner = TargetModel(lm.model)
@@ -189,6 +192,11 @@ def cmd_calibrate(args) -> int:
         if kernel != "on":
             raise DraftTreeError(f"--compare-kernels: the small-GEMM kernel is {kernel}")
         curves = {f"ms {k}": v for k, v in compare_linear_kernels(runner, show_progress=True).items()}
+    if args.compare_compile:
+        from drafttree.bench.compiled import compiled_vs_ours
+
+        stock = load_model(args.model, dtype=args.dtype, device=args.device, show_progress=False).model
+        curves = {f"ms {k}": v for k, v in compiled_vs_ours(runner, stock, sizes=sizes, show_progress=True).items()}
     if kernel == "on" and lm.dtype == torch.bfloat16:  # which bf16 tile path this CPU timed faster at load
         kernel += ", bf16 tiles " + ("vdpbf16ps" if getattr(small_gemm(), "bf16_dot", False) else "FMA")
     print(f"verify cost of {lm.name} ({str(lm.dtype).replace('torch.', '')} on {lm.device}, "
@@ -209,6 +217,16 @@ def cmd_calibrate(args) -> int:
               f"{1e6 * cm.per_key * 1000:.0f} us per 1,000 tokens more (16 tokens over 1,000 tokens: "
               f"{1000 * cm.at(1000).verify(16):.1f} ms)")
     return 0
+
+
+def _positive_ints(text: str, flag: str) -> list[int]:
+    try:
+        values = [int(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise DraftTreeError(f"{flag} takes comma-separated token counts, got {text!r}") from None
+    if not values or min(values) < 1:
+        raise DraftTreeError(f"{flag} takes token counts >= 1, got {text!r}")
+    return sorted(set(values))
 
 
 def runner_threads() -> int:
@@ -329,6 +347,10 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--refresh", action="store_true", help="measure again even if a cached curve exists")
     c.add_argument("--compare-kernels", action="store_true",
                    help="also measure torch's linear kernels against the small-GEMM kernel, interleaved")
+    c.add_argument("--compare-compile", action="store_true",
+                   help="also time a second copy of the model under torch.compile (inductor, frozen weights, static "
+                        "KV cache) against our path, interleaved; compiling takes a minute or more per size")
+    c.add_argument("--compile-sizes", default="1,4,16", help="token counts for --compare-compile (one graph each)")
     c.set_defaults(func=cmd_calibrate)
 
     d = sub.add_parser("data", help="build head-training data: prompts -> distill -> features")
