@@ -144,6 +144,12 @@ def test_eagle3_head_trains_resumes_and_decodes_losslessly(pipeline, default_fp3
     second = train_head(default_fp32, cfg, resume=True, show_progress=False)
     assert (first["steps"], second["steps"]) == (2, 3)
     assert len(second["eval"]["top1"]) == cfg.eval_depth
+    # the last held-out score is recorded with what it cost, for `drafttree train-curves`
+    from drafttree.train.curves import describe, run_points
+
+    (pt,) = [p for p in run_points(out) if p["step"] == 3]
+    assert pt["top1"] == second["eval"]["top1"][0] and 0 < pt["cpu_hours"] < 1
+    assert describe(out) == "run3 (EAGLE-3, from scratch)"
     head = load_head(out / "head", default_fp32)
     assert isinstance(head, Eagle3Head) and head.aux_layers == AUX and head.draft_vocab.numel() == 512
     sm = SpeculativeModel(default_fp32, method="eagle2", head=head, total_tokens=10)
@@ -254,3 +260,21 @@ def test_every_train_option_explains_itself():
 
     missing = [f.name for f in fields(TrainConfig) if f.name not in ("features", "out") and not f.metadata.get("help")]
     assert not missing, f"TrainConfig options without help text: {missing}"
+
+
+def test_train_curves_of_runs_from_before_runs_recorded_their_clock(tmp_path, capsys):
+    """Old runs: points spread over the summary's seconds, threads given by the caller (or a clear error)."""
+    from drafttree.cli import main
+
+    run = tmp_path / "old"
+    (run / "checkpoint").mkdir(parents=True)
+    ev = {"top1": [0.3, 0.2], "chain_all_correct": [0.3, 0.1, 0.05], "expected_chain_tau": 1.4, "positions": 10}
+    (run / "checkpoint" / "progress.json").write_text(json.dumps(
+        {"step": 100, "history": [{"step": 50, "eval": {**ev, "top1": [0.2, 0.1]}}], "config": {}}))
+    (run / "summary.json").write_text(json.dumps({"steps": 100, "train_seconds": 3600.0, "eval": ev}))
+    assert main(["train-curves", str(run)]) != 0
+    assert "--assume-threads" in capsys.readouterr().err
+    assert main(["train-curves", str(run), "--assume-threads", "2"]) == 0
+    out = capsys.readouterr().out
+    assert "| old (EAGLE-1, from scratch) | 50 | 1.00 | 0.200 |" in out
+    assert "| old (EAGLE-1, from scratch) | 100 | 2.00 | 0.300 | 0.050 | 1.400 |" in out

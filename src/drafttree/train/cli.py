@@ -62,6 +62,20 @@ def cmd_eval_head(args) -> int:
     return 0
 
 
+def cmd_train_curves(args) -> int:
+    """Held-out accuracy against CPU-hours for one or more runs: a markdown table, and a plot with --plot."""
+    from drafttree.train.curves import describe, markdown_table, plot, run_points
+
+    if args.assume_threads is not None and args.assume_threads < 1:
+        raise DraftTreeError("--assume-threads must be >= 1")
+    curves = {describe(r): run_points(r, args.assume_threads) for r in args.run}
+    print(markdown_table(curves))
+    if args.plot:
+        plot(curves, args.plot)
+        print(f"plot: {args.plot}")
+    return 0
+
+
 def add_parser(sub) -> None:
     from drafttree.train.head import TrainConfig
 
@@ -89,6 +103,13 @@ def add_parser(sub) -> None:
     e.add_argument("--seed", type=int, default=0)
     e.add_argument("--depth", type=int, default=5, help="draft steps to score")
     e.set_defaults(func=cmd_eval_head)
+
+    c = sub.add_parser("train-curves", help="held-out accuracy against CPU-hours of training runs, side by side")
+    c.add_argument("run", nargs="+", help="run directories of `drafttree train` (their --out)")
+    c.add_argument("--plot", default=None, help="write a PNG plot here")
+    c.add_argument("--assume-threads", type=int, default=None,
+                   help="threads of runs written before runs recorded them")
+    c.set_defaults(func=cmd_train_curves)
 
     try:
         from drafttree.train.length import add_length_parser

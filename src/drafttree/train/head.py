@@ -179,6 +179,12 @@ def _init_head(cfg: TrainConfig, target):
     return init
 
 
+def _clock(progress: dict) -> dict:
+    """What a held-out score cost so far: wall seconds (evaluations included), tokens trained on, and the CPU
+    threads per process (accuracy against CPU-hours: ``drafttree train-curves``)."""
+    return {"seconds": round(progress["seconds"], 1), "tokens": progress["tokens"], "threads": torch.get_num_threads()}
+
+
 def train_head(target, cfg: TrainConfig, resume: bool = False, show_progress: bool = True) -> dict:
     """Train a head for ``target`` (a LoadedModel) from ``cfg.features``; writes ``cfg.out``."""
     from accelerate import Accelerator
@@ -286,7 +292,7 @@ def train_head(target, cfg: TrainConfig, resume: bool = False, show_progress: bo
             if cfg.eval_every and progress["step"] % cfg.eval_every == 0 and acc.is_main_process:
                 last_eval = evaluate(raw, eval_set, cfg.eval_depth, cfg.max_len, dev, lm_w)
                 progress["history"].append({"step": progress["step"], "epoch": epoch, "eval": last_eval,
-                                            "loss": float(loss), **logs})
+                                            "loss": float(loss), **logs, **_clock(progress)})
                 bar.write(f"[eval step {progress['step']}] top1 {last_eval['top1']} "
                           f"chain tau {last_eval['expected_chain_tau']}")
             if cfg.save_every and progress["step"] % cfg.save_every == 0 and acc.is_main_process:
@@ -296,14 +302,18 @@ def train_head(target, cfg: TrainConfig, resume: bool = False, show_progress: bo
         progress["epoch"], progress["batch"] = epoch + 1, 0
         if acc.is_main_process:
             last_eval = evaluate(raw, eval_set, cfg.eval_depth, cfg.max_len, dev, lm_w)
-            progress["history"].append({"step": progress["step"], "epoch": epoch + 1, "eval": last_eval})
+            progress["history"].append({"step": progress["step"], "epoch": epoch + 1, "eval": last_eval,
+                                        **_clock(progress)})
             bar.write(f"[epoch {epoch + 1}] held-out top1 by step {last_eval['top1']}, "
                       f"chain tau {last_eval['expected_chain_tau']}")
             _save_checkpoint(ckpt, raw, opt, progress)
     bar.close()
     if last_eval is None or progress["history"][-1]["step"] != progress["step"]:  # the summary scores the head as
         last_eval = evaluate(raw, eval_set, cfg.eval_depth, cfg.max_len, dev, lm_w)  # saved (--max-steps stops)
+        progress["history"].append({"step": progress["step"], "epoch": progress["epoch"], "eval": last_eval,
+                                    **_clock(progress)})
     summary = {**info, "steps": progress["step"], "train_seconds": round(progress["seconds"], 1),
+               "threads": torch.get_num_threads(),
                "tokens_seen": progress["tokens"], "eval": last_eval, "processes": n_proc}
     if n_proc > 1:  # every process must hold the same weights after synchronised steps
         flat = torch.cat([p.detach().double().reshape(-1) for p in raw.parameters()])
