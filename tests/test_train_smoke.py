@@ -150,6 +150,8 @@ def test_eagle3_head_trains_resumes_and_decodes_losslessly(pipeline, default_fp3
     (pt,) = [p for p in run_points(out) if p["step"] == 3]
     assert pt["top1"] == second["eval"]["top1"][0] and 0 < pt["cpu_hours"] < 1
     assert describe(out) == "run3 (EAGLE-3, from scratch)"
+    again = train_head(default_fp32, cfg, resume=True, show_progress=False)  # a finished run resumed: no new point
+    assert again["eval"] == second["eval"] and [p["step"] for p in run_points(out)] == [2, 3]
     head = load_head(out / "head", default_fp32)
     assert isinstance(head, Eagle3Head) and head.aux_layers == AUX and head.draft_vocab.numel() == 512
     sm = SpeculativeModel(default_fp32, method="eagle2", head=head, total_tokens=10)

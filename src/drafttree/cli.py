@@ -350,7 +350,8 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--compare-compile", action="store_true",
                    help="also time a second copy of the model under torch.compile (inductor, frozen weights, static "
                         "KV cache) against our path, interleaved; compiling takes a minute or more per size")
-    c.add_argument("--compile-sizes", default="1,4,16", help="token counts for --compare-compile (one graph each)")
+    c.add_argument("--compile-sizes", default="1,4,16",
+                   help="token counts for --compare-compile (one graph each, at most 8)")
     c.set_defaults(func=cmd_calibrate)
 
     d = sub.add_parser("data", help="build head-training data: prompts -> distill -> features")

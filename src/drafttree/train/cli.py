@@ -68,7 +68,11 @@ def cmd_train_curves(args) -> int:
 
     if args.assume_threads is not None and args.assume_threads < 1:
         raise DraftTreeError("--assume-threads must be >= 1")
-    curves = {describe(r): run_points(r, args.assume_threads) for r in args.run}
+    curves = {}
+    for r in args.run:
+        points = run_points(r, args.assume_threads)  # checks the run first
+        label = describe(r)
+        curves[label if label not in curves else f"{r} {label}"] = points
     print(markdown_table(curves))
     if args.plot:
         plot(curves, args.plot)

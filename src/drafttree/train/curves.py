@@ -25,28 +25,23 @@ def run_points(run: str | Path, assume_threads: int | None = None) -> list[dict]
     steps = summary.get("steps") or progress.get("step") or 1
     total = summary.get("train_seconds", progress.get("seconds", 0.0))
     processes = summary.get("processes", 1)
-    points = []
-    for h in progress.get("history", []):
-        if "eval" not in h or not h["eval"]:
-            continue
-        threads = h.get("threads", summary.get("threads", assume_threads))
+    entries = [h for h in progress.get("history", []) if h.get("eval")]
+    final = summary.get("eval")
+    if final and (not entries or (entries[-1]["step"] < steps and entries[-1]["eval"] != final)):
+        entries.append({"step": steps, "eval": final, "seconds": total})  # runs from before the last score was
+        # kept in the history (an older summary repeating the last periodic score is not a new point)
+    by_step = {}
+    for h in entries:  # one point per step (an epoch's end can fall on an --eval-every step)
+        threads = h.get("threads", assume_threads if assume_threads is not None else summary.get("threads"))
         if threads is None:
             raise DraftTreeError(f"{run} does not record its threads: pass --assume-threads N (what it ran with)")
         seconds = h.get("seconds", total * h["step"] / steps)
-        ev = h["eval"]
-        chain = ev.get("chain_all_correct", [])
-        points.append({"step": h["step"], "cpu_hours": seconds * threads * processes / 3600,
-                       "top1": ev["top1"][0], "steps_1_3": chain[2] if len(chain) > 2 else None,
-                       "chain_tau": ev.get("expected_chain_tau"), "positions": ev.get("positions")})
-    final = summary.get("eval")
-    if final and (not points or points[-1]["step"] < steps):  # runs from before the last score was recorded
-        threads = summary.get("threads", assume_threads)
-        if threads is None:
-            raise DraftTreeError(f"{run} does not record its threads: pass --assume-threads N (what it ran with)")
-        chain = final.get("chain_all_correct", [])
-        points.append({"step": steps, "cpu_hours": total * threads * processes / 3600, "top1": final["top1"][0],
-                       "steps_1_3": chain[2] if len(chain) > 2 else None, "chain_tau": final.get("expected_chain_tau"),
-                       "positions": final.get("positions")})
+        ev, chain = h["eval"], h["eval"].get("chain_all_correct", [])
+        by_step[h["step"]] = {"step": h["step"],
+                              "cpu_hours": seconds * threads * h.get("processes", processes) / 3600,
+                              "top1": ev["top1"][0], "steps_1_3": chain[2] if len(chain) > 2 else None,
+                              "chain_tau": ev.get("expected_chain_tau"), "positions": ev.get("positions")}
+    points = [by_step[k] for k in sorted(by_step)]
     if not points:
         raise DraftTreeError(f"{run} has no held-out evaluation yet (see --eval-every)")
     return points
@@ -72,10 +67,13 @@ def markdown_table(curves: dict[str, list[dict]]) -> str:
 
 
 def plot(curves: dict[str, list[dict]], out: str | Path) -> None:
-    import matplotlib
+    try:
+        import matplotlib
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        raise DraftTreeError("--plot needs matplotlib: pip install 'drafttree[bench]'") from None
 
     fig, axes = plt.subplots(1, 2, figsize=(10, 4))
     for label, pts in curves.items():

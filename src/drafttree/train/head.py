@@ -66,23 +66,24 @@ class TrainConfig:
     lr: float = _opt(5e-4, "peak learning rate (AdamW; linear warm-up, then cosine decay to the last step)")
     min_lr_ratio: float = _opt(0.1, "the final learning rate as a fraction of --lr")
     warmup_steps: int = _opt(200, "optimizer steps of linear warm-up")
-    batch_tokens: int = _opt(8192, "tokens per optimizer step (conversations packed up to this)")
+    batch_tokens: int = _opt(8192, "padded tokens per batch and process (conversations grouped by length up to this)")
     max_len: int = _opt(2048, "conversations are cut to this many tokens")
     v_weight: float = _opt(1.0, "EAGLE-1: weight of the feature-regression (smooth L1) loss")
     p_weight: float = _opt(0.1, "EAGLE-1: weight of the token cross-entropy loss")
-    noise: float = _opt(0.1, "uniform noise half-width on the input features, scaled by 512/len as in EAGLE")
+    noise: float = _opt(0.1, "uniform noise half-width on the input features, scaled by 512/max(len, 512) as in EAGLE")
     ttt_steps: int = _opt(1, "unrolled draft steps per position (EAGLE-3's training-time test; it uses 7)")
-    step_decay: float = _opt(0.8, "loss weight of unrolled step i is step_decay**i")
+    step_decay: float = _opt(0.8, "loss weight of unrolled step i (from 1) is step_decay**(i-1)")
     grad_clip: float = _opt(0.5, "gradient-norm clip")
     weight_decay: float = _opt(0.0, "AdamW weight decay")
-    eval_samples: int = _opt(64, "held-out conversations, never trained on, scored every --eval-every steps")
-    eval_every: int = _opt(500, "steps between held-out evaluations")
+    eval_samples: int = _opt(64, "held-out conversations (at most a tenth of them), never trained on, scored "
+                                 "every --eval-every steps and at each epoch end")
+    eval_every: int = _opt(500, "steps between held-out evaluations (0: at epoch ends only)")
     eval_depth: int = _opt(5, "draft steps scored by the held-out evaluation")
     save_every: int = _opt(200, "steps between checkpoints (--resume continues from the last)")
     seed: int = _opt(0, "seed of the held-out split, batch order and initialisation")
     mixed_precision: str = _opt("bf16", "bf16 | no")
-    head_kind: str = _opt("eagle1", "eagle1 (fc 2H->H, feature regression + CE) | eagle3 (three fused target "
-                                    "layers, CE against the target's distribution only)")
+    head_kind: str = _opt("eagle1", "eagle1 (fc 2H->H, feature regression + CE) | eagle3 (the features' aux "
+                                    "layers fused, CE against the target's distribution only)")
     max_steps: int = _opt(0, "stop after this many optimizer steps; the schedule ends there (0 = all epochs)")
     init_head: str = _opt("", "continue this head (weights, architecture and draft vocabulary) on the features")
     eval_after: int = _opt(0, "draw the held-out conversations only from this sample index on (e.g. those an "
@@ -182,7 +183,8 @@ def _init_head(cfg: TrainConfig, target):
 def _clock(progress: dict) -> dict:
     """What a held-out score cost so far: wall seconds (evaluations included), tokens trained on, and the CPU
     threads per process (accuracy against CPU-hours: ``drafttree train-curves``)."""
-    return {"seconds": round(progress["seconds"], 1), "tokens": progress["tokens"], "threads": torch.get_num_threads()}
+    return {"seconds": round(progress["seconds"], 1), "tokens": progress["tokens"], "threads": torch.get_num_threads(),
+            "processes": progress.get("processes", 1)}
 
 
 def train_head(target, cfg: TrainConfig, resume: bool = False, show_progress: bool = True) -> dict:
@@ -244,6 +246,7 @@ def train_head(target, cfg: TrainConfig, resume: bool = False, show_progress: bo
                   f"(step {progress['step']})", flush=True)
     per_epoch = [make_batches(train_set, cfg.batch_tokens, cfg.max_len, cfg.seed + e) for e in range(cfg.epochs)]
     n_proc = acc.num_processes
+    progress["processes"] = n_proc  # recorded with each held-out score (CPU-hours)
     # the same number of steps on every process (collectives must pair up): trim, or repeat batches when an
     # epoch has fewer batches than processes
     per_epoch = [b[: len(b) // n_proc * n_proc] if len(b) >= n_proc else [b[i % len(b)] for i in range(n_proc)]
@@ -308,10 +311,12 @@ def train_head(target, cfg: TrainConfig, resume: bool = False, show_progress: bo
                       f"chain tau {last_eval['expected_chain_tau']}")
             _save_checkpoint(ckpt, raw, opt, progress)
     bar.close()
-    if last_eval is None or progress["history"][-1]["step"] != progress["step"]:  # the summary scores the head as
-        last_eval = evaluate(raw, eval_set, cfg.eval_depth, cfg.max_len, dev, lm_w)  # saved (--max-steps stops)
-        progress["history"].append({"step": progress["step"], "epoch": progress["epoch"], "eval": last_eval,
-                                    **_clock(progress)})
+    history = progress["history"]
+    if history and history[-1]["step"] == progress["step"]:  # scored at this step (or a finished run resumed)
+        last_eval = history[-1]["eval"]
+    else:  # the summary scores the head as saved (--max-steps stops between evaluations)
+        last_eval = evaluate(raw, eval_set, cfg.eval_depth, cfg.max_len, dev, lm_w)
+        history.append({"step": progress["step"], "epoch": progress["epoch"], "eval": last_eval, **_clock(progress)})
     summary = {**info, "steps": progress["step"], "train_seconds": round(progress["seconds"], 1),
                "threads": torch.get_num_threads(),
                "tokens_seen": progress["tokens"], "eval": last_eval, "processes": n_proc}
