@@ -160,6 +160,7 @@ def test_verbose_summary_of_rounds_with_numbers_and_lists(capsys):
     assert "depth mean 1.00 (first 2, last 0)" in err and "sources head 1, ngram 1" in err
 
 
+@pytest.mark.filterwarnings("ignore:`torch.jit.script_method` is deprecated:DeprecationWarning")  # inside inductor
 def test_compiled_forward_is_timed_beside_ours():
     """`calibrate --compare-compile`: an untouched copy of the model, compiled over a static cache, timed at every
     size next to our path over the same context."""

@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from drafttree.attention import grouped_attention
+from drafttree.cache import cache_arg
 from drafttree.kernels import kernel_status, small_gemm, torch_linears
 
 ext = small_gemm()
@@ -137,11 +138,12 @@ def test_tree_forward_with_the_kernel_matches_torch_attention(arch, monkeypatch)
     def logits(use_kernel: bool):
         with torch.inference_mode():
             past = model(ids, use_cache=True).past_key_values
+            kw = {cache_arg(model): past}  # the name this transformers version's forward takes
             with grouped_attention(model):
                 if use_kernel:
-                    return model(ids_tree, attention_mask=mask, position_ids=pos, past_key_values=past).logits
+                    return model(ids_tree, attention_mask=mask, position_ids=pos, **kw).logits
                 with torch_linears():
-                    return model(ids_tree, attention_mask=mask, position_ids=pos, past_key_values=past).logits
+                    return model(ids_tree, attention_mask=mask, position_ids=pos, **kw).logits
 
     with_kernel = logits(True)
     assert len(calls) == model.config.num_hidden_layers  # every layer's attention went through the kernel
