@@ -280,3 +280,19 @@ def test_train_curves_of_runs_from_before_runs_recorded_their_clock(tmp_path, ca
     out = capsys.readouterr().out
     assert "| old (EAGLE-1, from scratch) | 50 | 1.00 | 0.200 |" in out
     assert "| old (EAGLE-1, from scratch) | 100 | 2.00 | 0.300 | 0.050 | 1.400 |" in out
+
+
+def test_sampled_distillation_reproduces_and_passes_the_cache_by_its_current_name():
+    import warnings
+
+    from conftest import tiny_causal_lm
+
+    from drafttree.train.data import _sampled_answers
+
+    model = tiny_causal_lm()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        first = _sampled_answers(model, [[2, 3, 4], [5, 6]], 6, 1, 1.0, 0, "cpu")
+    again = _sampled_answers(model, [[2, 3, 4], [5, 6]], 6, 1, 1.0, 0, "cpu")
+    assert first == again and len(first) == 2 and 0 < len(first[0]) <= 6
+    assert not [w for w in caught if "past_key_values" in str(w.message)]

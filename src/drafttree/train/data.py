@@ -165,7 +165,7 @@ def _sampled_answers(model, prompts, max_new_tokens, pad, temperature, seed, dev
     with torch.inference_mode():
         out = model.generate(input_ids=ids.to(device), attention_mask=attn.to(device), max_new_tokens=max_new_tokens,
                              pad_token_id=pad, do_sample=True, temperature=temperature, top_p=1.0, top_k=0,
-                             past_key_values=GrowingCache())
+                             **{cache_arg(model): GrowingCache()})
     return out[:, width:].tolist()
 
 
