@@ -138,7 +138,7 @@ def _published(head: Eagle3Head, layout: str, path, lm: LoadedModel) -> None:
     (path / "config.json").write_text(json.dumps(cfg))
 
 
-@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "gemma3"])
 @pytest.mark.parametrize("method", ["eagle-chain", "eagle1", "eagle2", "hybrid"])
 def test_random_eagle3_head_is_lossless_greedy(arch, method):
     lm = _lm(arch)

@@ -16,6 +16,7 @@ Checkpoint: ``config.json`` + ``model.safetensors`` with EAGLE-1's keys (``fc.we
 from __future__ import annotations
 
 import copy
+import inspect
 import json
 import os
 from pathlib import Path
@@ -57,6 +58,12 @@ class EagleHead(nn.Module):
         self.layers = nn.ModuleList([layer_cls(self.config, i) for i in range(num_layers)])
         self.layers[0].input_layernorm = nn.Identity()
         self._rotary = [base.rotary_emb]  # the target's own rotary embedding (same positions, same precision)
+        # models with a rotary table per layer type (Gemma-3: sliding / full attention) are asked for the full-
+        # attention one the head's layer uses, or for the one table the target has
+        self._rotary_kw = {}
+        if "layer_type" in inspect.signature(base.rotary_emb.forward).parameters:
+            known = sorted(set(getattr(target_model.config, "layer_types", None) or ["full_attention"]))
+            self._rotary_kw = {"layer_type": "full_attention" if "full_attention" in known else known[0]}
         # frozen, shared with the target, never saved
         self._embed = [base.get_input_embeddings()]
         self._lm_head = [target_model.get_output_embeddings()]
@@ -105,7 +112,7 @@ class EagleHead(nn.Module):
         """features [B, T, H] at t, next_ids [B, T] tokens t+1 -> predicted features at t+1 [B, T, H]."""
         emb = self.embed_tokens(next_ids).to(self.fc.weight.dtype)
         h = self.fc(torch.cat([emb, features.to(self.fc.weight.dtype)], dim=-1))
-        pos_emb = self._rotary[0](h, position_ids)
+        pos_emb = self._rotary[0](h, position_ids, **self._rotary_kw)
         for layer in self.layers:
             out = layer(h, attention_mask=attention_mask, position_ids=position_ids, use_cache=cache is not None,
                         position_embeddings=pos_emb, **{cache_arg(layer): cache})
