@@ -90,19 +90,49 @@ def check_arch(arch: str, device: torch.device, n_tokens: int) -> list[str]:
     return failures
 
 
+def time_model_shape(config_path: str, device: torch.device, sizes=(1, 4, 16, 64), mode: str | None = None) -> None:
+    """Verify cost of a real model's shape (random bf16 weights): our forward vs torch.compile, interleaved."""
+    import json
+
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from drafttree.bench.compiled import compiled_vs_ours
+    from drafttree.budget import weight_bytes
+    from drafttree.target import TargetModel
+
+    raw = json.loads(Path(config_path).read_text())
+    cfg = AutoConfig.for_model(raw.pop("model_type"), **{k: v for k, v in raw.items() if not k.startswith("_")})
+    models = []
+    for _ in range(2):  # ours, and an untouched copy to compile
+        torch.manual_seed(0)
+        models.append(AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16).to(device).eval())
+    curves = compiled_vs_ours(TargetModel(models[0]), models[1], context=256, sizes=sizes, reps=9, mode=mode)
+    mib = weight_bytes(models[0]) / 2**20
+    for name, c in curves.items():
+        print(f"{Path(config_path).stem} ({mib:.0f} MiB bf16) {name}{'' if name == 'ours' else f' ({mode})'}: "
+              + ", ".join(f"{n} tok {1000 * s:.2f} ms" for n, s in zip(c.sizes, c.seconds)), flush=True)
+    del models
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--tokens", type=int, default=24)
     ap.add_argument("--archs", default="llama,qwen2,gemma3")
     ap.add_argument("--compile", action="store_true", help="also time torch.compile beside our forward")
+    ap.add_argument("--cost", action="append", default=[],
+                    help="a config.json (scripts/model-configs/): time our forward and torch.compile's for a model of "
+                         "that shape with random weights, bf16 (cost only: random weights accept nothing)")
+    ap.add_argument("--compile-mode", default=None, help="torch.compile mode for --cost (e.g. reduce-overhead)")
     args = ap.parse_args()
     device = torch.device(args.device)
     print(f"torch {torch.__version__} on {device}"
           + (f" ({torch.cuda.get_device_name(device)})" if device.type == "cuda" else ""), flush=True)
     t0 = time.time()
     failures = []
-    for arch in args.archs.split(","):
+    for arch in filter(None, args.archs.split(",")):
         failures += check_arch(arch, device, args.tokens)
     if args.compile:
         from drafttree.bench.compiled import compiled_vs_ours
@@ -113,6 +143,8 @@ def main() -> int:
         curves = compiled_vs_ours(TargetModel(model), stock, context=64, sizes=(1, 4, 16), reps=5)
         for name, c in curves.items():
             print(f"{name}: " + ", ".join(f"{n} tokens {1000 * s:.2f} ms" for n, s in zip(c.sizes, c.seconds)))
+    for path in args.cost:
+        time_model_shape(path, device, mode=args.compile_mode)
     for f in failures:
         print("MISMATCH", f)
     print(f"{'FAILED' if failures else 'all identical'} in {time.time() - t0:.0f} s")

@@ -37,7 +37,7 @@ def _check_rewindable(cache) -> None:
 
 @torch.inference_mode()
 def compiled_vs_ours(runner, stock: torch.nn.Module, context: int = 256, sizes: tuple[int, ...] = (1, 4, 16),
-                     reps: int = 7, show_progress: bool = False) -> dict[str, CostModel]:
+                     reps: int = 7, show_progress: bool = False, mode: str | None = None) -> dict[str, CostModel]:
     """Curves for ``runner`` (our path) and ``stock`` (a separate copy of the same model, never run through our
     kernels) compiled by inductor with frozen weights over a ``StaticCache``; medians of ``reps`` interleaved passes."""
     import torch._inductor.config as inductor_config
@@ -57,7 +57,7 @@ def compiled_vs_ours(runner, stock: torch.nn.Module, context: int = 256, sizes: 
     cache = StaticCache(config=stock.config, max_cache_len=context + max(sizes))
     stock(input_ids=prompt[None].to(runner.device), cache=cache, use_cache=True)  # prefill: not compiled
     _check_rewindable(cache)
-    compiled = torch.compile(stock.forward, dynamic=False)
+    compiled = torch.compile(stock.forward, dynamic=False, mode=mode)  # "reduce-overhead": CUDA graphs on a GPU
 
     def ours(n: int) -> None:
         idx = torch.arange(n, device=runner.device)
@@ -65,7 +65,7 @@ def compiled_vs_ours(runner, stock: torch.nn.Module, context: int = 256, sizes: 
 
     def theirs(n: int, fn=compiled) -> torch.Tensor:
         _reset(cache, context)
-        return fn(input_ids=tokens[n][None], cache=cache, use_cache=True).logits
+        return fn(input_ids=tokens[n][None], cache=cache, use_cache=True).logits.clone()  # graphs reuse outputs
 
     def timed(fn: Callable[[int], None], n: int) -> float:
         if runner.device.type == "cuda":
