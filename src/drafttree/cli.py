@@ -173,6 +173,7 @@ def cmd_models(args) -> int:
 def cmd_calibrate(args) -> int:
     import torch
 
+    from drafttree.bench.config import positive_ints
     from drafttree.budget import calibration_path, compare_linear_kernels, cost_model_for, read_bandwidth, weight_bytes
     from drafttree.kernels import kernel_status, small_gemm
     from drafttree.models import load_model
@@ -180,7 +181,7 @@ def cmd_calibrate(args) -> int:
 
     if args.compare_compile and args.compare_kernels:
         raise DraftTreeError("pass --compare-kernels or --compare-compile, not both")
-    sizes = tuple(_positive_ints(args.compile_sizes, "--compile-sizes"))
+    sizes = tuple(positive_ints(args.compile_sizes, "--compile-sizes", "token counts"))
     _threads(args.threads)
     lm = load_model(args.model, dtype=args.dtype, device=args.device)
     runner = TargetModel(lm.model)
@@ -217,16 +218,6 @@ def cmd_calibrate(args) -> int:
               f"{1e6 * cm.per_key * 1000:.0f} us per 1,000 tokens more (16 tokens over 1,000 tokens: "
               f"{1000 * cm.at(1000).verify(16):.1f} ms)")
     return 0
-
-
-def _positive_ints(text: str, flag: str) -> list[int]:
-    try:
-        values = [int(v) for v in text.split(",") if v.strip()]
-    except ValueError:
-        raise DraftTreeError(f"{flag} takes comma-separated token counts, got {text!r}") from None
-    if not values or min(values) < 1:
-        raise DraftTreeError(f"{flag} takes token counts >= 1, got {text!r}")
-    return sorted(set(values))
 
 
 def runner_threads() -> int:

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import torch
 
-from drafttree.bench.config import parse_method
+from drafttree.bench.config import parse_method, positive_ints
 from drafttree.bench.tasks import BUILTIN, load_tasks
 from drafttree.errors import DraftTreeError
 
@@ -149,9 +149,7 @@ def cmd_concurrency(args) -> int:
 
     if args.threads:
         torch.set_num_threads(args.threads)
-    users = sorted({int(x) for x in args.users.split(",")})
-    if not users or min(users) <= 0:
-        raise DraftTreeError(f"--users must be positive integers, got {args.users!r}")
+    users = positive_ints(args.users, "--users")
     methods = [m.strip() for m in args.methods.split(",") if m.strip()]
     tasks = [t.strip() for t in args.tasks.split(",") if t.strip()]
     if args.requests_per_user <= 0 or args.repeats <= 0:

@@ -31,6 +31,17 @@ DEFAULTS = {"model": "smollm2-135m-instruct", "draft_model": None, "head": "auto
             "repeats": 1, "warmup": 2, "dtype": "auto", "device": "auto", "threads": None, "seed": 0}
 
 
+def positive_ints(text: str, flag: str, what: str = "counts") -> list[int]:
+    """Comma-separated counts (token counts, numbers of users): sorted, distinct, each >= 1, or a one-line error."""
+    try:
+        values = [int(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise DraftTreeError(f"{flag} takes comma-separated {what}, got {text!r}") from None
+    if not values or min(values) < 1:
+        raise DraftTreeError(f"{flag} takes {what} >= 1, got {text!r}")
+    return sorted(set(values))
+
+
 @dataclass
 class BenchConfig:
     model: str = DEFAULTS["model"]
