@@ -393,3 +393,38 @@ def test_weights_moved_to_huge_pages_keep_their_values_ties_and_outputs(monkeypa
     again = __import__("pickle").loads(__import__("pickle").dumps(model))
     with torch.no_grad():
         assert torch.equal(again(ids).logits, ref)
+
+
+@needs_kernel
+@pytest.mark.parametrize("bias", [False, True])
+def test_many_row_bf16_products_widened_to_float32_are_the_same_products(monkeypatch, bias):
+    """Prefill's many-row bf16 products may run in float32 on the widened values (where that is faster): exact
+    products, float32 sums, one rounding, so within a rounding of a float64 reference, chunked or not; only inside
+    fast_linears blocks, never under torch_linears or with autograd."""
+    monkeypatch.setattr(gemm, "_wide", True)
+    g = torch.Generator().manual_seed(5)
+    rows = gemm.WIDE_MIN_ROWS + 3
+    model = torch.nn.Linear(96, 200, bias=bias).to(torch.bfloat16)
+    x = torch.randn(2, rows, 96, generator=g).bfloat16()
+    ref = F.linear(x.double(), model.weight.double(), None if model.bias is None else model.bias.double())
+    with torch.no_grad():
+        widened = gemm.many_rows_linear(x, model.weight, model.bias)
+        wide_bias = None if model.bias is None else model.bias.float()
+        assert torch.equal(widened, F.linear(x.float(), model.weight.float(), wide_bias).bfloat16())
+    assert torch.equal(gemm.many_rows_linear(x, model.weight, model.bias), F.linear(x, model.weight, model.bias))
+    assert widened.dtype == torch.bfloat16 and widened.shape == (2, rows, 200)
+    torch.testing.assert_close(widened.float(), ref.float().bfloat16().float(), rtol=1 / 128, atol=1e-2)
+    monkeypatch.setattr(gemm, "WIDE_CHUNK", 96 * 7)  # 7 output rows of the weight at a time
+    with torch.no_grad():
+        assert torch.equal(gemm.many_rows_linear(x, model.weight, model.bias), widened)
+    with torch.no_grad():
+        with fast_linears(model):
+            assert torch.equal(model(x), widened)
+            with layers.torch_linears():
+                assert torch.equal(model(x), F.linear(x, model.weight, model.bias))
+            few = x[0, : gemm.WIDE_MIN_ROWS - 1]  # fewer rows (over the kernel's limit): torch's bf16 product
+            assert torch.equal(model(few), F.linear(few, model.weight, model.bias))
+        assert torch.equal(model(x), F.linear(x, model.weight, model.bias))  # outside the block: torch
+    monkeypatch.setattr(gemm, "_wide", False)  # where bf16 is fast: torch's product everywhere
+    with torch.no_grad(), fast_linears(model):
+        assert torch.equal(model(x), F.linear(x, model.weight, model.bias))

@@ -7,8 +7,10 @@ from drafttree.kernels.gemm import (
     kernels_in_use,
     linear,
     small_gemm,
+    wide_bf16_products,
 )
 from drafttree.kernels.layers import fast_linears, torch_linears
 
 __all__ = ["MAX_ROWS", "fast_linears", "kernel_key", "kernel_status", "kernels_in_use", "linear", "small_gemm",
-           "torch_linears"]
+           "torch_linears",
+           "wide_bf16_products"]

@@ -152,4 +152,72 @@ def linear(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None) -
     """``F.linear``, through the small-GEMM kernel where it applies (drafters' own products, e.g. a head's logits)."""
     if small_gemm() is not None and _applies(x, w):
         return _ext.linear(x, w, bias)
+    return many_rows_linear(x, w, bias)
+
+
+# Many-row bf16 products (prefill: a prompt's hundreds of rows) are bound by arithmetic, not memory. Where the CPU's
+# bf16 dot instruction is slow (the 2-core Emerald Rapids Xeon: vdpbf16ps ~0.4 a cycle, no AMX) torch's bf16 GEMM
+# runs at ~150 GFLOP/s while its float32 GEMM on the same values widened reaches ~250-330 (128-1024 rows); where bf16
+# is fast (AMX, Zen 4) torch's own path stays. Which is faster is timed once per process (a clear margin is needed,
+# so the choice does not flip between runs); DRAFTTREE_WIDE_BF16=0/1 fixes it. Either way every product of two bf16
+# values is exact in float32, sums are float32 and the result is rounded to bf16 once: only the order of the sums
+# differs, as between any two GEMM libraries.
+WIDE_MIN_ROWS = 128
+WIDE_CHUNK = 1 << 22  # weight elements widened at a time (16 MB of float32): an LM head is not copied whole
+_wide: bool | None = None
+
+
+def wide_bf16_products() -> bool:
+    """Whether many-row bf16 products run in float32 on the widened values here (timed once, or DRAFTTREE_WIDE_BF16)."""
+    return _wide_is_faster()
+
+
+def _wide_is_faster() -> bool:
+    global _wide
+    if _wide is None:
+        with _lock:
+            if _wide is None:
+                env = os.environ.get("DRAFTTREE_WIDE_BF16", "auto").strip().lower()
+                _wide = env in ("1", "on", "true", "yes") or (env not in ("0", "off", "false", "no") and _time_wide())
+    return _wide
+
+
+def _time_wide(rows: int = 256, k: int = 1024, n: int = 1024, reps: int = 5) -> bool:
+    import time
+
+    g = torch.Generator().manual_seed(0)
+    x, w = torch.randn(rows, k, generator=g).bfloat16(), torch.randn(n, k, generator=g).bfloat16()
+
+    def best(f) -> float:
+        f()
+        times = []
+        for _ in range(reps):
+            t0 = time.perf_counter()
+            f()
+            times.append(time.perf_counter() - t0)
+        return min(times)
+
+    with torch.inference_mode():
+        return best(lambda: F.linear(x, w)) > 1.3 * best(lambda: _widened(x, w, None))
+
+
+def _widened(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    xf = x.float()
+    step = max(1, WIDE_CHUNK // max(1, w.shape[1]))
+    if w.shape[0] <= step:
+        return F.linear(xf, w.float(), None if bias is None else bias.float()).to(x.dtype)
+    out = x.new_empty((*x.shape[:-1], w.shape[0]))
+    for a in range(0, w.shape[0], step):
+        b = min(a + step, w.shape[0])
+        out[..., a:b] = F.linear(xf, w[a:b].float(), None if bias is None else bias[a:b].float())
+    return out
+
+
+def many_rows_linear(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """``F.linear`` for products the small-GEMM kernel does not take: bf16 ones with many rows on a CPU whose bf16
+    arithmetic is slow run in float32 on the widened values (inside fast_linears blocks, see WIDE_MIN_ROWS)."""
+    if (x.dtype is torch.bfloat16 and w.dtype is torch.bfloat16 and x.is_cpu and w.is_cpu and not _active.off
+            and x.dim() >= 2 and w.dim() == 2 and x.numel() >= WIDE_MIN_ROWS * x.shape[-1]
+            and not torch.is_grad_enabled() and (bias is None or bias.dtype is torch.bfloat16) and _wide_is_faster()):
+        return _widened(x, w, bias)
     return F.linear(x, w, bias)
