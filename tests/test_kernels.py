@@ -428,3 +428,58 @@ def test_many_row_bf16_products_widened_to_float32_are_the_same_products(monkeyp
     monkeypatch.setattr(gemm, "_wide", False)  # where bf16 is fast: torch's product everywhere
     with torch.no_grad(), fast_linears(model):
         assert torch.equal(model(x), F.linear(x, model.weight, model.bias))
+
+
+def _lean(layer) -> bool:
+    import functools
+
+    fwd = layer.__dict__.get("forward")
+    return isinstance(fwd, functools.partial) and fwd.func is layers._lean_forward
+
+
+@needs_kernel
+@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_lean_decoder_layers_give_the_stock_forward_bits(monkeypatch, arch, dtype):
+    """A plain Llama-style layer runs its steps as straight kernel calls inside fast_linears blocks: a prefill and
+    a tree give bitwise the logits of the same layers through their module forwards (q/k/v biases too)."""
+    import copy
+
+    from drafttree.target import TargetModel
+    from tests.conftest import tiny_causal_lm
+
+    model = tiny_causal_lm(arch, hidden=64, layers=3, dtype=dtype)
+    stock = copy.deepcopy(model)
+    lean, plain = TargetModel(model), TargetModel(stock)
+    ids = torch.randint(0, 64, (9,), generator=torch.Generator().manual_seed(2))
+    a = lean.prefill(ids, logits_for="all")
+    assert all(_lean(layer) for layer in model.model.layers)
+    monkeypatch.setattr(layers, "_lean_layer", lambda layer: None)
+    b = plain.prefill(ids, logits_for="all")
+    assert not any(_lean(layer) for layer in stock.model.layers)
+    assert torch.equal(a.logits, b.logits)
+    tokens, depths = torch.tensor([5, 6, 7, 8]), torch.tensor([0, 1, 1, 2])
+    anc = torch.tensor([[1, 0, 0, 0], [1, 1, 0, 0], [1, 0, 1, 0], [1, 1, 0, 1]], dtype=torch.bool)
+    assert torch.equal(lean.forward_tree(tokens, depths, anc).logits, plain.forward_tree(tokens, depths, anc).logits)
+    with torch.no_grad():  # outside the block the stock forward runs: torch's kernels, as before
+        assert torch.equal(model(ids[None]).logits, stock(ids[None]).logits)
+
+
+@needs_kernel
+def test_layers_with_other_parts_or_another_forward_keep_their_own():
+    from transformers.models.llama.modeling_llama import LlamaDecoderLayer
+
+    from drafttree.target import TargetModel
+    from tests.conftest import tiny_causal_lm
+
+    class Doubled(LlamaDecoderLayer):  # the same parts, another computation: the bitwise check refuses it
+        def forward(self, hidden_states, cache=None, **kwargs):
+            return 2 * super().forward(hidden_states, cache=cache, **kwargs)
+
+    model = tiny_causal_lm("llama", hidden=64, layers=2)
+    model.model.layers[1].__class__ = Doubled
+    TargetModel(model).prefill(torch.arange(5))
+    assert _lean(model.model.layers[0]) and not _lean(model.model.layers[1])
+    gemma = tiny_causal_lm("gemma3", hidden=64, layers=2)  # four norms per layer (and q/k norms)
+    TargetModel(gemma).prefill(torch.arange(5))
+    assert not any(_lean(layer) for layer in gemma.model.layers)
