@@ -227,8 +227,18 @@ class LeanLayer:
         q, k, v = ext.linears(x, weights, biases)
         shape = (*x.shape[:-1], -1, self.head_dim)
         q, k, v = q.view(shape).transpose(1, 2), k.view(shape).transpose(1, 2), v.view(shape).transpose(1, 2)
-        q, k = self.modeling.apply_rotary_pos_emb(q, k, *pe)  # our kernel's wrapper where it was installed
-        k, v = cache.update(k, v, self.layer_idx)
+        cos, sin = pe
+        rotary = self.modeling.apply_rotary_pos_emb
+        if (hasattr(rotary, "_drafttree_original") and cos.dim() == 3 and cos.shape[-1] == self.head_dim
+                and cos.stride(-1) == 1 and sin.shape == cos.shape and sin.stride() == cos.stride()
+                and cos.dtype == x.dtype and sin.dtype == x.dtype and cos.is_cpu and sin.is_cpu):
+            q, k = ext.rotary(q, k, cos, sin)  # what our wrapper (installed after its bitwise check) calls
+        else:
+            q, k = rotary(q, k, cos, sin)
+        if type(cache) is GrowingCache and self.layer_idx < len(cache.layers):  # Cache.update's plain case
+            k, v = cache.layers[self.layer_idx].update(k, v)
+        else:
+            k, v = cache.update(k, v, self.layer_idx)
         attend = ALL_ATTENTION_FUNCTIONS.get_interface(attn.config._attn_implementation, self.eager)
         out, _ = attend(attn, q, k, v, kw.get("attention_mask"), dropout=0.0, scaling=self.scaling)
         hidden_states = hidden_states + ext.linear(out.reshape(*x.shape[:-1], -1).contiguous(), *self.o_proj)
