@@ -402,6 +402,7 @@ def test_many_row_bf16_products_widened_to_float32_are_the_same_products(monkeyp
     products, float32 sums, one rounding, so within a rounding of a float64 reference, chunked or not; only inside
     fast_linears blocks, never under torch_linears or with autograd."""
     monkeypatch.setattr(gemm, "_wide", True)
+    monkeypatch.setattr(gemm, "WIDE_MIN_ROWS", MAX_ROWS + 36)  # room for a row count between the two paths
     g = torch.Generator().manual_seed(5)
     rows = gemm.WIDE_MIN_ROWS + 3
     model = torch.nn.Linear(96, 200, bias=bias).to(torch.bfloat16)
