@@ -439,17 +439,20 @@ def _lean(layer) -> bool:
 
 
 @needs_kernel
-@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "llama-no-input-norm"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_lean_decoder_layers_give_the_stock_forward_bits(monkeypatch, arch, dtype):
     """A plain Llama-style layer runs its steps as straight kernel calls inside fast_linears blocks: a prefill and
-    a tree give bitwise the logits of the same layers through their module forwards (q/k/v biases too)."""
+    a tree give bitwise the logits of the same layers through their module forwards (q/k/v biases too, and a layer
+    without its input norm, as an EAGLE-1 head's)."""
     import copy
 
     from drafttree.target import TargetModel
     from tests.conftest import tiny_causal_lm
 
-    model = tiny_causal_lm(arch, hidden=64, layers=3, dtype=dtype)
+    model = tiny_causal_lm(arch.split("-")[0], hidden=64, layers=3, dtype=dtype)
+    if arch.endswith("no-input-norm"):
+        model.model.layers[1].input_layernorm = torch.nn.Identity()
     stock = copy.deepcopy(model)
     lean, plain = TargetModel(model), TargetModel(stock)
     ids = torch.randint(0, 64, (9,), generator=torch.Generator().manual_seed(2))

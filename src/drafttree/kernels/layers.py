@@ -195,10 +195,10 @@ class LeanLayer:
     KEYS = frozenset({"attention_mask", "position_ids", "cache", "past_key_values", "use_cache",
                       "position_embeddings"})
 
-    def __init__(self, layer: torch.nn.Module, norm1: tuple, norm2: tuple, qkv: SharedInput, mlp: tuple):
+    def __init__(self, layer: torch.nn.Module, norm1: tuple | None, norm2: tuple, qkv: SharedInput, mlp: tuple):
         attn = layer.self_attn
         self.layer, self.attn = layer, attn
-        self.norm1 = (norm1[0].weight, norm1[1])  # (weight, eps)
+        self.norm1 = None if norm1 is None else (norm1[0].weight, norm1[1])  # (weight, eps); None: an identity
         self.norm2 = (norm2[0].weight, norm2[1])
         self.qkv = ([m.weight for m in qkv.modules], [m.bias for m in qkv.modules])
         self.o_proj = (attn.o_proj.weight, attn.o_proj.bias)
@@ -223,7 +223,7 @@ class LeanLayer:
         if (args or not _active.depth or cache is None or pe is None or not self.KEYS.issuperset(kw)
                 or layer.training or hidden_states.dim() != 3 or not _applies(hidden_states, weights[0])):
             return type(layer).forward(layer, hidden_states, *args, **kw)
-        x = ext.rms_norm(hidden_states, *self.norm1)
+        x = hidden_states if self.norm1 is None else ext.rms_norm(hidden_states, *self.norm1)
         q, k, v = ext.linears(x, weights, biases)
         shape = (*x.shape[:-1], -1, self.head_dim)
         q, k, v = q.view(shape).transpose(1, 2), k.view(shape).transpose(1, 2), v.view(shape).transpose(1, 2)
@@ -266,11 +266,13 @@ def _lean_layer(layer: torch.nn.Module) -> LeanLayer | None:
             or not all(isinstance(getattr(attn, a, None), t) for a, t in
                        (("head_dim", int), ("layer_idx", int), ("scaling", float)))):
         return None
+    # an EAGLE-1 head's layer has no input norm (an identity in its place)
+    identity = type(layer.input_layernorm) is torch.nn.Identity
     norm1, norm2 = _installed(layer.input_layernorm, _norm_forward), _installed(layer.post_attention_layernorm,
                                                                                 _norm_forward)
     mlp = _installed(layer.mlp, _mlp_forward)
     qkv = [_installed(getattr(attn, n), _shared_forward) for n in ("q_proj", "k_proj", "v_proj")]
-    if norm1 is None or norm2 is None or mlp is None or any(a is None for a in qkv):
+    if (norm1 is None and not identity) or norm2 is None or mlp is None or any(a is None for a in qkv):
         return None
     group = qkv[0][0]
     if any(a != (group, i) for i, a in enumerate(qkv)) or _installed(attn.o_proj, _forward) is None:
