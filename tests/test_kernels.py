@@ -487,3 +487,14 @@ def test_layers_with_other_parts_or_another_forward_keep_their_own():
     gemma = tiny_causal_lm("gemma3", hidden=64, layers=2)  # four norms per layer (and q/k norms)
     TargetModel(gemma).prefill(torch.arange(5))
     assert not any(_lean(layer) for layer in gemma.model.layers)
+
+
+def test_a_bad_wide_bf16_setting_says_so_and_times_instead(monkeypatch, capsys):
+    monkeypatch.setenv("DRAFTTREE_WIDE_BF16", "maybe")
+    monkeypatch.setattr(gemm, "_wide", None)
+    monkeypatch.setattr(gemm, "_time_wide", lambda: False)
+    assert gemm.wide_bf16_products() is False
+    assert "DRAFTTREE_WIDE_BF16 must be 0, 1 or auto, not 'maybe'" in capsys.readouterr().err
+    monkeypatch.setenv("DRAFTTREE_WIDE_BF16", "1")
+    monkeypatch.setattr(gemm, "_wide", None)
+    assert gemm.wide_bf16_products() is True

@@ -180,6 +180,9 @@ def _wide_is_faster() -> bool:
         with _lock:
             if _wide is None:
                 env = os.environ.get("DRAFTTREE_WIDE_BF16", "auto").strip().lower()
+                if env not in ("1", "on", "true", "yes", "0", "off", "false", "no", "auto", ""):
+                    print(f"drafttree: DRAFTTREE_WIDE_BF16 must be 0, 1 or auto, not {env!r}; timing both paths "
+                          "instead", file=sys.stderr)
                 _wide = env in ("1", "on", "true", "yes") or (env not in ("0", "off", "false", "no") and _time_wide())
     return _wide
 
@@ -217,7 +220,8 @@ def _widened(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None) -> tor
 
 def many_rows_linear(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
     """``F.linear`` for products the small-GEMM kernel does not take: bf16 ones with many rows on a CPU whose bf16
-    arithmetic is slow run in float32 on the widened values (inside fast_linears blocks, see WIDE_MIN_ROWS)."""
+    arithmetic is slow run in float32 on the widened values (our own products only: fast_linears blocks and the
+    drafters' :func:`linear`; never under torch_linears or with autograd; see WIDE_MIN_ROWS)."""
     if (x.dtype is torch.bfloat16 and w.dtype is torch.bfloat16 and x.is_cpu and w.is_cpu and not _active.off
             and x.dim() >= 2 and w.dim() == 2 and x.numel() >= WIDE_MIN_ROWS * x.shape[-1]
             and not torch.is_grad_enabled() and (bias is None or bias.dtype is torch.bfloat16) and _wide_is_faster()):
