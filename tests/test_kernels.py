@@ -432,10 +432,7 @@ def test_many_row_bf16_products_widened_to_float32_are_the_same_products(monkeyp
 
 
 def _lean(layer) -> bool:
-    import functools
-
-    fwd = layer.__dict__.get("forward")
-    return isinstance(fwd, functools.partial) and fwd.func is layers._lean_forward
+    return layers._installed(layer, layers._lean_forward) is not None
 
 
 @needs_kernel

@@ -171,10 +171,6 @@ _wide: bool | None = None
 
 def wide_bf16_products() -> bool:
     """Whether many-row bf16 products run in float32 on the widened values here (timed once, or DRAFTTREE_WIDE_BF16)."""
-    return _wide_is_faster()
-
-
-def _wide_is_faster() -> bool:
     global _wide
     if _wide is None:
         with _lock:
@@ -224,6 +220,7 @@ def many_rows_linear(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None
     drafters' :func:`linear`; never under torch_linears or with autograd; see WIDE_MIN_ROWS)."""
     if (x.dtype is torch.bfloat16 and w.dtype is torch.bfloat16 and x.is_cpu and w.is_cpu and not _active.off
             and x.dim() >= 2 and w.dim() == 2 and x.numel() >= WIDE_MIN_ROWS * x.shape[-1]
-            and not torch.is_grad_enabled() and (bias is None or bias.dtype is torch.bfloat16) and _wide_is_faster()):
+            and not torch.is_grad_enabled() and (bias is None or bias.dtype is torch.bfloat16)
+            and wide_bf16_products()):
         return _widened(x, w, bias)
     return F.linear(x, w, bias)
