@@ -461,7 +461,20 @@ def test_lean_decoder_layers_give_the_stock_forward_bits(monkeypatch, arch, dtyp
     assert torch.equal(a.logits, b.logits)
     tokens, depths = torch.tensor([5, 6, 7, 8]), torch.tensor([0, 1, 1, 2])
     anc = torch.tensor([[1, 0, 0, 0], [1, 1, 0, 0], [1, 0, 1, 0], [1, 1, 0, 1]], dtype=torch.bool)
+    calls = []  # the tree forward runs each layer as one decode_layer call (the prefill filled an empty cache)
+    real = layers.LeanLayer._fused
+    monkeypatch.setattr(layers.LeanLayer, "_fused", lambda *a: calls.append(out := real(*a)) or out)
     assert torch.equal(lean.forward_tree(tokens, depths, anc).logits, plain.forward_tree(tokens, depths, anc).logits)
+    assert len(calls) == 3 and all(c is not None for c in calls)
+    lean.commit([0, 1])
+    plain.commit([0, 1])
+    for cache_layer in lean.cache.layers:  # a full buffer: this forward takes the steps from Python, which grow it
+        cache_layer._k, cache_layer._v = (t[..., : cache_layer._len, :].clone() for t in (cache_layer._k,
+                                                                                           cache_layer._v))
+    calls.clear()
+    step = (torch.tensor([9]), torch.tensor([0]), torch.ones(1, 1, dtype=torch.bool))
+    assert torch.equal(lean.forward_tree(*step).logits, plain.forward_tree(*step).logits)
+    assert len(calls) == 3 and all(c is None for c in calls)
     with torch.no_grad():  # outside the block the stock forward runs: torch's kernels, as before
         assert torch.equal(model(ids[None]).logits, stock(ids[None]).logits)
 

@@ -36,8 +36,10 @@ from drafttree.paths import cache_dir
 # before the tiles' inner loop was unrolled; not measured there since.
 MAX_ROWS = 64
 SOURCE = Path(__file__).with_name("small_gemm.cpp")
-# the extension: the GEMM (and the module), decode attention, RMSNorm and rotary, and the vector backend they share
-SOURCES = tuple(SOURCE.with_name(n) for n in ("small_gemm.cpp", "tree_attention.cpp", "layer_ops.cpp", "simd.h"))
+# the extension: the GEMM (and the module), decode attention, RMSNorm and rotary, a whole decode layer, and the vector
+# backend they share
+SOURCES = tuple(SOURCE.with_name(n) for n in ("small_gemm.cpp", "tree_attention.cpp", "layer_ops.cpp",
+                                              "decode_layer.cpp", "simd.h"))
 _DTYPES = (torch.float32, torch.bfloat16)
 
 _lock = threading.Lock()

@@ -13,6 +13,7 @@ import contextlib
 import functools
 import itertools
 import sys
+import threading
 from collections.abc import Iterator
 
 import torch
@@ -223,6 +224,9 @@ class LeanLayer:
         if (args or not _active.depth or cache is None or pe is None or not self.KEYS.issuperset(kw)
                 or layer.training or hidden_states.dim() != 3 or not _applies(hidden_states, weights[0])):
             return type(layer).forward(layer, hidden_states, *args, **kw)
+        fused = self._fused(hidden_states, cache, pe, kw.get("attention_mask"))
+        if fused is not None:
+            return fused
         x = hidden_states if self.norm1 is None else ext.rms_norm(hidden_states, *self.norm1)
         q, k, v = ext.linears(x, weights, biases)
         shape = (*x.shape[:-1], -1, self.head_dim)
@@ -243,6 +247,59 @@ class LeanLayer:
         out, _ = attend(attn, q, k, v, kw.get("attention_mask"), dropout=0.0, scaling=self.scaling)
         hidden_states = hidden_states + ext.linear(out.reshape(*x.shape[:-1], -1).contiguous(), *self.o_proj)
         return hidden_states + ext.gated_mlp(ext.rms_norm(hidden_states, *self.norm2), *self.mlp[0], self.mlp[1])
+
+    def _fused(self, hidden: torch.Tensor, cache, pe: tuple, mask: torch.Tensor | None) -> torch.Tensor | None:
+        """The whole layer in one kernel call (``decode_layer.cpp``: the same kernels and ops as :meth:`forward`, in
+        the same order) where this call is its plain case: a GrowingCache layer of one sequence or rows side by side
+        with room for the new slots, our rotary kernel, our attention kernel. None: :meth:`forward` does the steps."""
+        if type(cache) is not GrowingCache or self.layer_idx >= len(cache.layers):
+            return None
+        layer = cache.layers[self.layer_idx]
+        buf, n = layer._k, hidden.shape[1]
+        if (buf is None or layer.scatter is not None or layer._rows is not None or buf.shape[0] != hidden.shape[0]
+                or layer._len + n > buf.shape[-2] or buf.dtype != hidden.dtype):
+            return None
+        kernel_mask = _fused_mask(self, hidden.dtype, pe, mask)
+        if kernel_mask is None:
+            return None
+        out, layer.keys, layer.values = gemm._ext.decode_layer(
+            hidden, None if self.norm1 is None else self.norm1[0], 0.0 if self.norm1 is None else self.norm1[1],
+            *self.qkv, *pe, buf, layer._v, layer._len, kernel_mask, self.scaling, self.head_dim, *self.o_proj,
+            *self.norm2, *self.mlp)
+        layer._len += n
+        return out
+
+
+class _Plan(threading.local):
+    """Per thread, the last forward's answer to "may its layers run as one kernel call each": every layer of a
+    forward gets the same position embeddings and mask objects, so the checks run once per forward."""
+
+    key: tuple = ()
+    mask: torch.Tensor | None = None
+
+
+_plan = _Plan()
+
+
+def _fused_mask(lean: LeanLayer, dtype: torch.dtype, pe: tuple, mask: torch.Tensor | None) -> torch.Tensor | None:
+    """The mask as the attention kernel takes it if this forward's layers may run fused (see LeanLayer._fused)."""
+    key = (pe, mask, dtype, lean.modeling, lean.attn.config, lean.head_dim)
+    if len(_plan.key) == len(key) and all(a is b for a, b in zip(_plan.key, key, strict=True)):
+        return _plan.mask
+    from drafttree import attention  # imported here: drafttree.attention imports this package
+
+    cos, sin = pe
+    impl = lean.attn.config._attn_implementation
+    ok = (mask is not None and mask.dim() == 4 and mask.shape[1] == 1 and mask.is_cpu
+          and getattr(lean.modeling.apply_rotary_pos_emb, "_drafttree_original", None) is not None
+          and isinstance(cos, torch.Tensor) and isinstance(sin, torch.Tensor) and cos.dim() == 3
+          and cos.shape[-1] == lean.head_dim and cos.stride(-1) == 1 and sin.shape == cos.shape
+          and sin.stride() == cos.stride() and cos.dtype == dtype and sin.dtype == dtype and cos.is_cpu
+          and sin.is_cpu and ALL_ATTENTION_FUNCTIONS.get_interface(impl, lean.eager) is attention.grouped_sdpa
+          and getattr(attention._local, "packed", None) is None
+          and attention.kernel_for(mask.device, dtype) is not None)
+    _plan.key, _plan.mask = key, attention._mask_for_kernel(mask, dtype) if ok else None
+    return _plan.mask
 
 
 def _lean_forward(lean: LeanLayer, hidden_states: torch.Tensor, *args, **kw) -> torch.Tensor:
@@ -282,10 +339,27 @@ def _lean_layer(layer: torch.nn.Module) -> LeanLayer | None:
 
 
 def _gives_the_stock_bits(lean: LeanLayer) -> bool:
+    """Under the layer's own attention and under ours (where the fused path runs), two forwards (3 tokens into an
+    empty cache, then 2 more) through the stock forward and through ``lean``: the same outputs and keys, bit for bit."""
+    from drafttree import attention  # imported here: drafttree.attention imports this package
+
+    config = lean.attn.config
+    own = config._attn_implementation
+    try:
+        for impl in dict.fromkeys((own, attention.NAME)):
+            config._attn_implementation = impl
+            if not _same_bits(lean):
+                return False
+    finally:
+        config._attn_implementation = own
+    return True
+
+
+def _same_bits(lean: LeanLayer) -> bool:
     layer, attn = lean.layer, lean.attn
     w = lean.qkv[0][0]
     g = torch.Generator().manual_seed(0)
-    n = 3
+    n = 5
     x = torch.randn(1, n, w.shape[1], generator=g).to(w.dtype)
     cos, sin = (torch.randn(1, n, lean.head_dim, generator=g).to(w.dtype) for _ in range(2))
     mask = torch.zeros(1, 1, n, n, dtype=w.dtype).masked_fill_(~torch.ones(n, n, dtype=torch.bool).tril(),
@@ -299,16 +373,18 @@ def _gives_the_stock_bits(lean: LeanLayer) -> bool:
             for run in (type(layer).forward, _lean_forward):
                 cache = GrowingCache()
                 first = layer if run is type(layer).forward else lean
-                kw = {"attention_mask": mask, "position_ids": torch.arange(n)[None], "use_cache": True,
-                      "position_embeddings": (cos, sin)}
-                outs.append(run(first, x, **kw, **{cache_arg(layer): cache}))
+                for a, b in ((0, 3), (3, n)):
+                    kw = {"attention_mask": mask[:, :, a:b, :b], "position_ids": torch.arange(a, b)[None],
+                          "use_cache": True, "position_embeddings": (cos[:, a:b], sin[:, a:b])}
+                    outs.append(run(first, x[:, a:b], **kw, **{cache_arg(layer): cache}))
                 keys.append(cache.layers[attn.layer_idx].keys.clone())
     except Exception:  # noqa: BLE001 - a layer the lean path cannot run keeps its own forward
         return False
     finally:
         _active.depth -= 1
         layer.train(was)
-    return all(a.shape == b.shape and torch.equal(a, b) for a, b in ((outs[0], outs[1]), (keys[0], keys[1])))
+    pairs = ((outs[0], outs[2]), (outs[1], outs[3]), (keys[0], keys[1]))
+    return all(a.shape == b.shape and torch.equal(a, b) for a, b in pairs)
 
 
 # names of linear layers that stock forwards call in a row on one input

@@ -328,6 +328,10 @@ void gemm(const T* x, int64_t M, int64_t K, const std::vector<Segment<T>>& segs)
   });
 }
 
+}  // namespace
+
+namespace drafttree_kernels {
+
 // y_i = x W_i^T (+ b_i) for every i, in one call.
 std::vector<torch::Tensor> linears(const torch::Tensor& x, const std::vector<torch::Tensor>& ws,
                                    const std::vector<c10::optional<torch::Tensor>>& biases) {
@@ -378,7 +382,7 @@ torch::Tensor gated_mlp(const torch::Tensor& x, const torch::Tensor& gate, const
   return linears(h, {down}, {biases.empty() ? none : biases[2]})[0];
 }
 
-}  // namespace
+}  // namespace drafttree_kernels
 
 namespace drafttree_kernels {
 torch::Tensor tree_attention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
@@ -387,7 +391,16 @@ torch::Tensor tree_attention(const torch::Tensor& q, const torch::Tensor& k, con
 torch::Tensor rms_norm(const torch::Tensor& x, const torch::Tensor& w, double eps);
 std::vector<torch::Tensor> rotary(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& cos,
                                   const torch::Tensor& sin);
-}
+std::vector<torch::Tensor> decode_layer(const torch::Tensor& hidden, const c10::optional<torch::Tensor>& norm1,
+                                        double eps1, const std::vector<torch::Tensor>& qkv,
+                                        const std::vector<c10::optional<torch::Tensor>>& qkv_biases,
+                                        const torch::Tensor& cos, const torch::Tensor& sin, const torch::Tensor& k_buf,
+                                        const torch::Tensor& v_buf, int64_t start, const torch::Tensor& mask,
+                                        double scale, int64_t head_dim, const torch::Tensor& o_w,
+                                        const c10::optional<torch::Tensor>& o_b, const torch::Tensor& norm2,
+                                        double eps2, const std::vector<torch::Tensor>& mlp,
+                                        const std::vector<c10::optional<torch::Tensor>>& mlp_biases);
+}  // namespace drafttree_kernels
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   init_lanes();
@@ -396,10 +409,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.attr("bf16_dot_exact") = exact;  // this CPU's vdpbf16ps gives the FMA path's bits
   m.attr("lanes") = LANES;  // the backend built here (16: AVX-512, 8: AVX2), part of cached cost curves' key
   m.attr("bf16_dot") = DOT_WORKS;  // many-row bf16 products take vdpbf16ps (exact, and the faster path here)
-  m.def("linear", &linear, py::arg("x"), py::arg("w"), py::arg("bias") = py::none(),
+  m.def("linear", &drafttree_kernels::linear, py::arg("x"), py::arg("w"), py::arg("bias") = py::none(),
         py::call_guard<py::gil_scoped_release>());  // only torch ops inside: other Python threads keep running
-  m.def("linears", &linears, py::arg("x"), py::arg("ws"), py::arg("biases"), py::call_guard<py::gil_scoped_release>());
-  m.def("gated_mlp", &gated_mlp, py::arg("x"), py::arg("gate"), py::arg("up"), py::arg("down"), py::arg("biases"),
+  m.def("linears", &drafttree_kernels::linears, py::arg("x"), py::arg("ws"), py::arg("biases"), py::call_guard<py::gil_scoped_release>());
+  m.def("gated_mlp", &drafttree_kernels::gated_mlp, py::arg("x"), py::arg("gate"), py::arg("up"), py::arg("down"), py::arg("biases"),
         py::call_guard<py::gil_scoped_release>());
   m.def("rms_norm", &drafttree_kernels::rms_norm, py::arg("x"), py::arg("w"), py::arg("eps"),
         py::call_guard<py::gil_scoped_release>());
@@ -408,4 +421,5 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("tree_attention", &drafttree_kernels::tree_attention, py::arg("q"), py::arg("k"), py::arg("v"),
         py::arg("mask"), py::arg("q_row"), py::arg("q_node"), py::arg("key_len"), py::arg("per_row"),
         py::arg("scale"), py::call_guard<py::gil_scoped_release>());
+  m.def("decode_layer", &drafttree_kernels::decode_layer, py::call_guard<py::gil_scoped_release>());
 }
