@@ -157,6 +157,34 @@ def test_several_products_in_one_call_equal_each_product_alone(dtype, rows):
         assert torch.equal(out, ext.linear(x, w, b))
 
 
+@needs_kernel
+@pytest.mark.parametrize("rows", [1, 5, 16])
+def test_bf16_products_round_their_sums_and_biases_as_torch_does(rows):
+    """bf16 outputs are rounded inside the kernel: with a permutation as the weight every sum is one exact product,
+    so the outputs must be torch's float32 sum plus bias rounded by torch's own conversion, bit for bit (ties to
+    even, the largest and smallest normal values), in every column, for every row and each product of one call;
+    a NaN input gives NaN outputs."""
+    g = torch.Generator().manual_seed(rows)
+    k = 300  # not a multiple of the kernel's vector width: the scalar tail too
+    special = torch.tensor([3.3e38, -3.3e38, 1.5e-38, -1.2e-38, 1.0, -1.0])
+    x = torch.randn(rows, k, generator=g) * 10.0 ** torch.randint(-3, 4, (rows, k), generator=g)
+    x[:, : special.numel()] = special
+    x = x.bfloat16()
+    ws, bs = [], [None, None]
+    for n in (k, 37):
+        perm = torch.randperm(k, generator=g)[:n]
+        ws.append(torch.zeros(n, k).index_put_((torch.arange(n), perm), torch.ones(n)).bfloat16())
+    bs[0] = (torch.randn(k, generator=g) * 2**-7).bfloat16()  # sums of two bf16 values: ties and carries
+    bs[0][:6] = torch.tensor([3.3e38, 2**-9, 0.0, 1.2e-38, 2**-8, -(2**-8)]).bfloat16()
+    outs = ext.linears(x, ws, bs)
+    for out, w, b in zip(outs, ws, bs, strict=True):
+        ref = x.float() @ w.float().T
+        ref = (ref if b is None else ref + b.float()).to(torch.bfloat16)
+        assert torch.equal(out.view(torch.int16), ref.view(torch.int16))
+    x[0, 7] = float("nan")
+    assert ext.linear(x, ws[0], bs[0])[0].isnan().all()
+
+
 class _Attention(torch.nn.Module):
     def __init__(self):
         super().__init__()

@@ -264,13 +264,33 @@ std::unique_ptr<float[]> split_rows(const T* x, int64_t M, int64_t K) {
   return xs;
 }
 
-// One weight matrix of a product: its N rows and where its [M, N] outputs go.
+// One weight matrix of a product: its N rows and where its [M, N] float32 sums go; for bf16 weights, also where the
+// sums (plus the bias, in float32) go rounded to bf16, by the thread that computed them: the same values as torch's
+// add_ and .to(bfloat16) of the float32 outputs, without those two passes and tensors per product.
 template <typename T>
 struct Segment {
   const T* w;
   int64_t N;
   float* out;
+  at::BFloat16* rounded = nullptr;
+  const float* bias = nullptr;
 };
+
+// n float32 sums (plus the bias) rounded to bf16 as torch's vectorised conversion does (to nearest even, denormals
+// kept, NaN as 0xFFFF); written so that the compiler vectorises it.
+inline void round_run(const float* o, const float* bias, at::BFloat16* r, int64_t n) {
+  uint16_t* out = reinterpret_cast<uint16_t*>(r);
+  auto round = [](float f) {
+    uint32_t u;
+    std::memcpy(&u, &f, 4);
+    return f != f ? uint16_t{0xFFFF} : static_cast<uint16_t>((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16);
+  };
+  if (bias != nullptr) {
+    for (int64_t c = 0; c < n; ++c) out[c] = round(o[c] + bias[c]);
+  } else {
+    for (int64_t c = 0; c < n; ++c) out[c] = round(o[c]);
+  }
+}
 
 // A float32 row alone streams best in tiles of ACC weight rows on the hardware prefetchers alone; a bf16 row (and
 // several rows) in narrow blocks with the next one prefetched. Both paths sum each output in the same order.
@@ -319,11 +339,23 @@ void gemm(const T* x, int64_t M, int64_t K, const std::vector<Segment<T>>& segs)
   }
   const float* xsp = xs.get();
   at::parallel_for(0, first.back(), M == 1 ? 8 : 16, [&](int64_t b0, int64_t b1) {
-    FlushDenormals flush(is_bf16<T>);
-    size_t s = std::upper_bound(first.begin(), first.end(), b0) - first.begin() - 1;
-    for (int64_t b = b0; b < b1; ++b) {
-      while (b >= first[s + 1]) ++s;
-      block<T>(x, M, K, segs[s], (b - first[s]) * step, step, few, dot, xsp);
+    {
+      FlushDenormals flush(is_bf16<T>);
+      size_t s = std::upper_bound(first.begin(), first.end(), b0) - first.begin() - 1;
+      for (int64_t b = b0; b < b1; ++b) {
+        while (b >= first[s + 1]) ++s;
+        block<T>(x, M, K, segs[s], (b - first[s]) * step, step, few, dot, xsp);
+      }
+    }
+    // this thread's columns of each segment, rounded to bf16 where asked (row by row: contiguous runs), with IEEE
+    // denormals as torch's add_ and conversion had them
+    for (size_t s = 0; s < segs.size(); ++s) {
+      const int64_t lo = std::max(b0, first[s]), hi = std::min(b1, first[s + 1]);
+      if (segs[s].rounded == nullptr || lo >= hi) continue;
+      const int64_t N = segs[s].N, c0 = (lo - first[s]) * step, c1 = std::min((hi - first[s]) * step, N);
+      for (int64_t m = 0; m < M; ++m)
+        round_run(segs[s].out + m * N + c0, segs[s].bias == nullptr ? nullptr : segs[s].bias + c0,
+                  segs[s].rounded + m * N + c0, c1 - c0);
     }
   });
 }
@@ -344,24 +376,43 @@ std::vector<torch::Tensor> linears(const torch::Tensor& x, const std::vector<tor
   }
   auto x2 = x.reshape({-1, x.size(-1)}).contiguous();
   const int64_t M = x2.size(0), K = x2.size(1);
+  auto bias = [&](size_t i) { return !biases.empty() && biases[i].has_value(); };
   std::vector<torch::Tensor> outs;
-  for (const auto& w : ws) outs.push_back(torch::empty({M, w.size(0)}, x.options().dtype(torch::kFloat32)));
   if (x.scalar_type() == torch::kFloat32) {
     std::vector<Segment<float>> segs;
-    for (size_t i = 0; i < ws.size(); ++i) segs.push_back({ws[i].data_ptr<float>(), ws[i].size(0), outs[i].data_ptr<float>()});
+    for (const auto& w : ws) {
+      outs.push_back(torch::empty({M, w.size(0)}, x.options()));
+      segs.push_back({w.data_ptr<float>(), w.size(0), outs.back().data_ptr<float>()});
+    }
     gemm<float>(x2.data_ptr<float>(), M, K, segs);
+    for (size_t i = 0; i < ws.size(); ++i)
+      if (bias(i)) outs[i].add_(biases[i]->to(torch::kFloat32));
   } else {
     TORCH_CHECK(x.scalar_type() == torch::kBFloat16, "small_gemm: float32 or bfloat16 weights only");
+    int64_t total = 0;
+    for (const auto& w : ws) total += M * w.size(0);
+    thread_local std::vector<float> sums;  // the float32 sums, before round_run
+    if (static_cast<int64_t>(sums.size()) < total) sums.resize(total);
+    std::vector<torch::Tensor> fbias(ws.size());
     std::vector<Segment<at::BFloat16>> segs;
-    for (size_t i = 0; i < ws.size(); ++i)
-      segs.push_back({ws[i].data_ptr<at::BFloat16>(), ws[i].size(0), outs[i].data_ptr<float>()});
+    int64_t offset = 0;
+    for (size_t i = 0; i < ws.size(); ++i) {
+      const int64_t N = ws[i].size(0);
+      outs.push_back(torch::empty({M, N}, x.options()));
+      if (bias(i)) {
+        fbias[i] = biases[i]->to(torch::kFloat32).contiguous();
+        TORCH_CHECK(fbias[i].numel() == N, "small_gemm: bad bias");
+      }
+      segs.push_back({ws[i].data_ptr<at::BFloat16>(), N, sums.data() + offset, outs[i].data_ptr<at::BFloat16>(),
+                      bias(i) ? fbias[i].data_ptr<float>() : nullptr});
+      offset += M * N;
+    }
     gemm<at::BFloat16>(x2.data_ptr<at::BFloat16>(), M, K, segs);
   }
   auto sizes = x.sizes().vec();
   for (size_t i = 0; i < ws.size(); ++i) {
-    if (!biases.empty() && biases[i].has_value()) outs[i].add_(biases[i]->to(torch::kFloat32));
     sizes.back() = ws[i].size(0);
-    outs[i] = outs[i].to(x.scalar_type()).view(sizes);
+    outs[i] = outs[i].view(sizes);
   }
   return outs;
 }
