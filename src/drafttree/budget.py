@@ -186,6 +186,8 @@ def _measure(runner, modes: dict, context: int, reps: int, sizes: list[int] | No
     times = {(name, n): [] for name in modes for n in sizes}
     for _ in tqdm(range(reps), desc="verify-cost calibration", unit="pass", disable=not show_progress,
                   leave=False):
+        for mode in modes.values():  # untimed: the pass's first size would otherwise follow the last, largest one,
+            forward(sizes[0], mode)  # whose temporaries evict the weights a decode step reads (~1-2 ms on a CPU)
         for n in sizes:  # interleaved, so a change in machine load hits every size (and mode) alike
             for name, mode in modes.items():
                 times[name, n].append(forward(n, mode))
