@@ -508,6 +508,46 @@ def test_lean_decoder_layers_give_the_stock_forward_bits(monkeypatch, arch, dtyp
 
 
 @needs_kernel
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_a_batch_packed_in_one_forward_runs_each_layer_as_one_call_with_the_module_paths_bits(monkeypatch, dtype):
+    """A batch's rows packed in one sequence (states scattered into their rows, attention over each row's own
+    slots) run each lean layer as one decode_layer call: every round's logits and the cache's keys equal, bit for
+    bit, those of the same layers through their module forwards, over rounds with rows of different lengths."""
+    import copy
+
+    from drafttree.batching import BatchTarget
+    from tests.conftest import tiny_causal_lm
+    from tests.test_target import _random_tree
+
+    model = tiny_causal_lm("qwen2", vocab=50, hidden=64, layers=2, dtype=dtype, seed=3)
+    stock = copy.deepcopy(model)
+    lean, plain = BatchTarget(model), BatchTarget(stock)
+    g = torch.Generator().manual_seed(1)
+    texts = [torch.randint(2, 50, (n,), generator=g) for n in (13, 4, 9)]
+    for ids in texts:
+        lean.add(ids)
+    assert all(_lean(layer) for layer in model.model.layers)
+    real = layers._lean_layer
+    monkeypatch.setattr(layers, "_lean_layer", lambda layer: None)
+    for ids in texts:
+        plain.add(ids)
+    monkeypatch.setattr(layers, "_lean_layer", real)
+    calls = []
+    fused = layers.LeanLayer._fused
+    monkeypatch.setattr(layers.LeanLayer, "_fused", lambda *a: calls.append(out := fused(*a)) or out)
+    for rnd in range(3):
+        trees = [_random_tree(size, 50, seed=10 * rnd + r) for r, size in enumerate((6, 1, 9))]
+        a, b = lean.forward_trees(trees), plain.forward_trees(trees)
+        assert all(torch.equal(x.logits, y.logits) for x, y in zip(a, b, strict=True))
+        for x, y in zip(lean.cache.layers, plain.cache.layers, strict=True):
+            assert torch.equal(x.keys, y.keys) and torch.equal(x.values, y.values)
+        paths = [tree.path_to(int(tree.depths.argmax())) for tree in trees]
+        lean.commit(paths)
+        plain.commit(paths)
+    assert len(calls) == 6 and all(c is not None for c in calls)
+
+
+@needs_kernel
 def test_layers_with_other_parts_or_another_forward_keep_their_own():
     from transformers.models.llama.modeling_llama import LlamaDecoderLayer
 

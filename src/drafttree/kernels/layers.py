@@ -250,24 +250,39 @@ class LeanLayer:
 
     def _fused(self, hidden: torch.Tensor, cache, pe: tuple, mask: torch.Tensor | None) -> torch.Tensor | None:
         """The whole layer in one kernel call (``decode_layer.cpp``: the same kernels and ops as :meth:`forward`, in
-        the same order) where this call is its plain case: a GrowingCache layer of one sequence or rows side by side
-        with room for the new slots, our rotary kernel, our attention kernel. None: :meth:`forward` does the steps."""
+        the same order) where this call is its plain case: a GrowingCache layer with room for the new states (one
+        sequence, rows side by side, or a batch's rows packed in one sequence and scattered into their rows), our
+        rotary kernel, our attention kernel. None: :meth:`forward` does the steps."""
         if type(cache) is not GrowingCache or self.layer_idx >= len(cache.layers):
             return None
         layer = cache.layers[self.layer_idx]
         buf, n = layer._k, hidden.shape[1]
-        if (buf is None or layer.scatter is not None or layer._rows is not None or buf.shape[0] != hidden.shape[0]
-                or layer._len + n > buf.shape[-2] or buf.dtype != hidden.dtype):
+        if buf is None or buf.dtype != hidden.dtype:
             return None
-        kernel_mask = _fused_mask(self, hidden.dtype, pe, mask)
-        if kernel_mask is None:
+        rows = buf.shape[0] if layer._rows is None else layer._rows
+        if layer.scatter is None:  # GrowingLayer.update's append
+            index, slots, start, length = _NONE, _NONE, layer._len, layer._len + n
+            if layer._rows is not None or rows != hidden.shape[0]:
+                return None
+        else:  # GrowingLayer._update_rows
+            (index, slots), start, length = layer.scatter, 0, max(layer._len, layer.row_end)
+        plan = _fused_plan(self, hidden.dtype, pe, mask)
+        if plan is None or length > buf.shape[-2]:
             return None
+        kernel_mask, packed = plan
+        if (packed is None) != (layer.scatter is None) or (packed is not None and (
+                hidden.shape[0] != 1 or packed.rows != rows or packed.tokens != n)):
+            return None
+        q_row, q_node, key_len = (_NONE, _NONE, _NONE) if packed is None else (packed.row, packed.node, packed.key_len)
         out, layer.keys, layer.values = gemm._ext.decode_layer(
             hidden, None if self.norm1 is None else self.norm1[0], 0.0 if self.norm1 is None else self.norm1[1],
-            *self.qkv, *pe, buf, layer._v, layer._len, kernel_mask, self.scaling, self.head_dim, *self.o_proj,
-            *self.norm2, *self.mlp)
-        layer._len += n
+            *self.qkv, *pe, buf, layer._v, start, length, rows, index, slots, kernel_mask, q_row, q_node, key_len,
+            self.scaling, self.head_dim, *self.o_proj, *self.norm2, *self.mlp)
+        layer._len = length
         return out
+
+
+_NONE = torch.empty(0, dtype=torch.long)  # "not given" for the kernel's optional index tensors
 
 
 class _Plan(threading.local):
@@ -275,19 +290,21 @@ class _Plan(threading.local):
     forward gets the same position embeddings and mask objects, so the checks run once per forward."""
 
     key: tuple = ()
-    mask: torch.Tensor | None = None
+    plan: tuple | None = None
 
 
 _plan = _Plan()
 
 
-def _fused_mask(lean: LeanLayer, dtype: torch.dtype, pe: tuple, mask: torch.Tensor | None) -> torch.Tensor | None:
-    """The mask as the attention kernel takes it if this forward's layers may run fused (see LeanLayer._fused)."""
-    key = (pe, mask, dtype, lean.modeling, lean.attn.config, lean.head_dim)
-    if len(_plan.key) == len(key) and all(a is b for a, b in zip(_plan.key, key, strict=True)):
-        return _plan.mask
+def _fused_plan(lean: LeanLayer, dtype: torch.dtype, pe: tuple, mask: torch.Tensor | None) -> tuple | None:
+    """(the mask as the attention kernel takes it, the batch's packed rows or None) if this forward's layers may run
+    fused (see LeanLayer._fused), else None."""
     from drafttree import attention  # imported here: drafttree.attention imports this package
 
+    packed = getattr(attention._local, "packed", None)
+    key = (pe, mask, dtype, lean.modeling, lean.attn.config, lean.head_dim, packed)
+    if len(_plan.key) == len(key) and all(a is b for a, b in zip(_plan.key, key, strict=True)):
+        return _plan.plan
     cos, sin = pe
     impl = lean.attn.config._attn_implementation
     ok = (mask is not None and mask.dim() == 4 and mask.shape[1] == 1 and mask.is_cpu
@@ -296,10 +313,9 @@ def _fused_mask(lean: LeanLayer, dtype: torch.dtype, pe: tuple, mask: torch.Tens
           and cos.shape[-1] == lean.head_dim and cos.stride(-1) == 1 and sin.shape == cos.shape
           and sin.stride() == cos.stride() and cos.dtype == dtype and sin.dtype == dtype and cos.is_cpu
           and sin.is_cpu and ALL_ATTENTION_FUNCTIONS.get_interface(impl, lean.eager) is attention.grouped_sdpa
-          and getattr(attention._local, "packed", None) is None
           and attention.kernel_for(mask.device, dtype) is not None)
-    _plan.key, _plan.mask = key, attention._mask_for_kernel(mask, dtype) if ok else None
-    return _plan.mask
+    _plan.key, _plan.plan = key, (attention._mask_for_kernel(mask, dtype), packed) if ok else None
+    return _plan.plan
 
 
 def _lean_forward(lean: LeanLayer, hidden_states: torch.Tensor, *args, **kw) -> torch.Tensor:

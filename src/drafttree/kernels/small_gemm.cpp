@@ -446,7 +446,10 @@ std::vector<torch::Tensor> decode_layer(const torch::Tensor& hidden, const c10::
                                         double eps1, const std::vector<torch::Tensor>& qkv,
                                         const std::vector<c10::optional<torch::Tensor>>& qkv_biases,
                                         const torch::Tensor& cos, const torch::Tensor& sin, const torch::Tensor& k_buf,
-                                        const torch::Tensor& v_buf, int64_t start, const torch::Tensor& mask,
+                                        const torch::Tensor& v_buf, int64_t start, int64_t length, int64_t rows,
+                                        const torch::Tensor& scatter_row, const torch::Tensor& scatter_slot,
+                                        const torch::Tensor& mask, const torch::Tensor& q_row,
+                                        const torch::Tensor& q_node, const torch::Tensor& key_len,
                                         double scale, int64_t head_dim, const torch::Tensor& o_w,
                                         const c10::optional<torch::Tensor>& o_b, const torch::Tensor& norm2,
                                         double eps2, const std::vector<torch::Tensor>& mlp,
@@ -462,8 +465,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.attr("bf16_dot") = DOT_WORKS;  // many-row bf16 products take vdpbf16ps (exact, and the faster path here)
   m.def("linear", &drafttree_kernels::linear, py::arg("x"), py::arg("w"), py::arg("bias") = py::none(),
         py::call_guard<py::gil_scoped_release>());  // only torch ops inside: other Python threads keep running
-  m.def("linears", &drafttree_kernels::linears, py::arg("x"), py::arg("ws"), py::arg("biases"), py::call_guard<py::gil_scoped_release>());
-  m.def("gated_mlp", &drafttree_kernels::gated_mlp, py::arg("x"), py::arg("gate"), py::arg("up"), py::arg("down"), py::arg("biases"),
+  m.def("linears", &drafttree_kernels::linears, py::arg("x"), py::arg("ws"), py::arg("biases"),
+        py::call_guard<py::gil_scoped_release>());
+  m.def("gated_mlp", &drafttree_kernels::gated_mlp, py::arg("x"), py::arg("gate"), py::arg("up"), py::arg("down"),
+        py::arg("biases"),
         py::call_guard<py::gil_scoped_release>());
   m.def("rms_norm", &drafttree_kernels::rms_norm, py::arg("x"), py::arg("w"), py::arg("eps"),
         py::call_guard<py::gil_scoped_release>());
