@@ -5,22 +5,9 @@
 // ~0.1 ms: ~3.5 ms of a ~16.5 ms step. Here the same kernels and the same torch ops run in the same order from C++,
 // so the result is bitwise that of kernels/layers.py's LeanLayer.forward (which calls this only where it applies and
 // checks the bits before it is installed).
-#include <torch/extension.h>
-
-#include <vector>
+#include "kernels.h"
 
 namespace drafttree_kernels {
-std::vector<torch::Tensor> linears(const torch::Tensor& x, const std::vector<torch::Tensor>& ws,
-                                   const std::vector<c10::optional<torch::Tensor>>& biases);
-torch::Tensor linear(const torch::Tensor& x, const torch::Tensor& w, const c10::optional<torch::Tensor>& bias);
-torch::Tensor gated_mlp(const torch::Tensor& x, const torch::Tensor& gate, const torch::Tensor& up,
-                        const torch::Tensor& down, const std::vector<c10::optional<torch::Tensor>>& biases);
-torch::Tensor rms_norm(const torch::Tensor& x, const torch::Tensor& w, double eps);
-std::vector<torch::Tensor> rotary(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& cos,
-                                  const torch::Tensor& sin);
-torch::Tensor tree_attention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
-                             const torch::Tensor& mask, const torch::Tensor& q_row, const torch::Tensor& q_node,
-                             const torch::Tensor& key_len, int64_t per_row, double scale);
 
 // hidden [B, T, H]; norm1 absent for a layer without an input norm (an EAGLE-1 head's); q/k/v weights in one call;
 // cos/sin [B or 1, T, D]; k_buf/v_buf [>= rows, Hkv, capacity, D], the layer's cache buffers (the caller made room):

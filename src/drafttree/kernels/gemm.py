@@ -39,7 +39,7 @@ SOURCE = Path(__file__).with_name("small_gemm.cpp")
 # the extension: the GEMM (and the module), decode attention, RMSNorm and rotary, a whole decode layer, and the vector
 # backend they share
 SOURCES = tuple(SOURCE.with_name(n) for n in ("small_gemm.cpp", "tree_attention.cpp", "layer_ops.cpp",
-                                              "decode_layer.cpp", "simd.h"))
+                                              "decode_layer.cpp", "kernels.h", "simd.h"))
 _DTYPES = (torch.float32, torch.bfloat16)
 
 _lock = threading.Lock()

@@ -17,6 +17,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "kernels.h"
 #include "simd.h"
 
 namespace {
@@ -433,27 +434,6 @@ torch::Tensor gated_mlp(const torch::Tensor& x, const torch::Tensor& gate, const
   return linears(h, {down}, {biases.empty() ? none : biases[2]})[0];
 }
 
-}  // namespace drafttree_kernels
-
-namespace drafttree_kernels {
-torch::Tensor tree_attention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
-                             const torch::Tensor& mask, const torch::Tensor& q_row, const torch::Tensor& q_node,
-                             const torch::Tensor& key_len, int64_t per_row, double scale);
-torch::Tensor rms_norm(const torch::Tensor& x, const torch::Tensor& w, double eps);
-std::vector<torch::Tensor> rotary(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& cos,
-                                  const torch::Tensor& sin);
-std::vector<torch::Tensor> decode_layer(const torch::Tensor& hidden, const c10::optional<torch::Tensor>& norm1,
-                                        double eps1, const std::vector<torch::Tensor>& qkv,
-                                        const std::vector<c10::optional<torch::Tensor>>& qkv_biases,
-                                        const torch::Tensor& cos, const torch::Tensor& sin, const torch::Tensor& k_buf,
-                                        const torch::Tensor& v_buf, int64_t start, int64_t length, int64_t rows,
-                                        const torch::Tensor& scatter_row, const torch::Tensor& scatter_slot,
-                                        const torch::Tensor& mask, const torch::Tensor& q_row,
-                                        const torch::Tensor& q_node, const torch::Tensor& key_len,
-                                        double scale, int64_t head_dim, const torch::Tensor& o_w,
-                                        const c10::optional<torch::Tensor>& o_b, const torch::Tensor& norm2,
-                                        double eps2, const std::vector<torch::Tensor>& mlp,
-                                        const std::vector<c10::optional<torch::Tensor>>& mlp_biases);
 }  // namespace drafttree_kernels
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {

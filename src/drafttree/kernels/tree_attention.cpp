@@ -18,6 +18,7 @@
 #include <limits>
 #include <vector>
 
+#include "kernels.h"
 #include "simd.h"
 
 namespace drafttree_kernels {
