@@ -30,6 +30,7 @@ from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
 from drafttree import kernels
+from drafttree.kernels.gemm import NO_INDEX
 
 NAME = "drafttree_grouped_sdpa"
 MAX_FOLDED_QUERY = 128  # longer queries (prefills) use the stock path: a folded mask would cost more than K/V
@@ -153,8 +154,8 @@ def grouped_sdpa(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor
     if ext is not None and packed is None:  # one sequence (or rows side by side): query t of row b is node t
         B, H, T, D = query.shape
         q = query.transpose(1, 2).reshape(B * T, H, D).contiguous()
-        out = ext.tree_attention(q, key, value, _mask_for_kernel(attention_mask, query.dtype), _NONE, _NONE, _NONE,
-                                 T, scale)
+        out = ext.tree_attention(q, key, value, _mask_for_kernel(attention_mask, query.dtype), NO_INDEX, NO_INDEX,
+                                 NO_INDEX, T, scale)
         return out.view(B, T, H, D), None
     runs = getattr(_local, "runs", None)
     if runs and query.shape[0] == 1 and key.shape[0] == runs[-1].end and query.shape[2] == runs[-1].t1:
@@ -182,7 +183,6 @@ def _attend(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, val
     return out.reshape(B, H, T, D).transpose(1, 2).contiguous(), None
 
 
-_NONE = torch.empty(0, dtype=torch.long)  # "not given" for the kernel's optional index tensors
 AttentionInterface.register(NAME, grouped_sdpa)
 AttentionMaskInterface.register(NAME, sdpa_mask)
 

@@ -41,6 +41,7 @@ SOURCE = Path(__file__).with_name("small_gemm.cpp")
 SOURCES = tuple(SOURCE.with_name(n) for n in ("small_gemm.cpp", "tree_attention.cpp", "layer_ops.cpp",
                                               "decode_layer.cpp", "kernels.h", "simd.h"))
 _DTYPES = (torch.float32, torch.bfloat16)
+NO_INDEX = torch.empty(0, dtype=torch.long)  # "not given" for the kernels' optional index tensors
 
 _lock = threading.Lock()
 

@@ -22,7 +22,7 @@ from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
 from drafttree.cache import GrowingCache, cache_arg
 from drafttree.kernels import gemm
-from drafttree.kernels.gemm import _DTYPES, _active, _applies
+from drafttree.kernels.gemm import _DTYPES, NO_INDEX, _active, _applies
 
 _blocks = itertools.count()  # fast_linears blocks, numbered: what one computed is not reused by another
 
@@ -261,7 +261,7 @@ class LeanLayer:
             return None
         rows = buf.shape[0] if layer._rows is None else layer._rows
         if layer.scatter is None:  # GrowingLayer.update's append
-            index, slots, start, length = _NONE, _NONE, layer._len, layer._len + n
+            index, slots, start, length = NO_INDEX, NO_INDEX, layer._len, layer._len + n
             if layer._rows is not None or rows != hidden.shape[0]:
                 return None
         else:  # GrowingLayer._update_rows
@@ -273,16 +273,14 @@ class LeanLayer:
         if (packed is None) != (layer.scatter is None) or (packed is not None and (
                 hidden.shape[0] != 1 or packed.rows != rows or packed.tokens != n)):
             return None
-        q_row, q_node, key_len = (_NONE, _NONE, _NONE) if packed is None else (packed.row, packed.node, packed.key_len)
+        q_row, q_node, key_len = ((NO_INDEX,) * 3 if packed is None
+                                  else (packed.row, packed.node, packed.key_len))
         out, layer.keys, layer.values = gemm._ext.decode_layer(
             hidden, None if self.norm1 is None else self.norm1[0], 0.0 if self.norm1 is None else self.norm1[1],
             *self.qkv, *pe, buf, layer._v, start, length, rows, index, slots, kernel_mask, q_row, q_node, key_len,
             self.scaling, self.head_dim, *self.o_proj, *self.norm2, *self.mlp)
         layer._len = length
         return out
-
-
-_NONE = torch.empty(0, dtype=torch.long)  # "not given" for the kernel's optional index tensors
 
 
 class _Plan(threading.local):
