@@ -1,8 +1,10 @@
 """Speculative sampling is lossless: distributions of sampled tokens equal the target's.
 
 Part 1 drives the acceptance rule directly with synthetic bigram "models" (fast, many draws, many tree
-shapes). Part 2 runs the whole decode loop on tiny random transformers models with a draft that often
-disagrees. A deliberately broken rule must fail the same check.
+shapes, several rounds per draw). Part 2 runs the whole decode loop on tiny random transformers models with a
+draft that often disagrees. A deliberately broken rule must fail the same check. The reference distributions
+are computed from the models' logits with softmax and products, not with the code under test; the noise
+(drafttree.noise) is checked on its own against the Gumbel law.
 """
 
 from __future__ import annotations
@@ -13,7 +15,8 @@ import numpy as np
 import pytest
 import torch
 
-from drafttree.accept import Sampling, accept_sampling, warp_probs
+from drafttree.accept import Sampling, accept_sampled, sample_token, warp_probs
+from drafttree.noise import CoupledStepper, Noise
 from drafttree.tree import DraftTree
 from tests.conftest import chi2_pvalue, tiny_causal_lm
 
@@ -25,90 +28,158 @@ def bigram(seed: int, scale: float = 2.0) -> torch.Tensor:
     return torch.randn(V, V, generator=g) * scale  # logits[prev, next]
 
 
+def reference(logits: torch.Tensor, s: Sampling) -> torch.Tensor:
+    """The warped distribution written out again (temperature, top-k, then the top-p prefix), for reference only."""
+    z = logits.double() / s.temperature
+    if s.top_k:
+        z = torch.where(z >= z.topk(s.top_k).values[-1], z, torch.tensor(float("-inf"), dtype=z.dtype))
+    p = torch.softmax(z, -1)
+    if s.top_p < 1.0:
+        order = p.argsort(descending=True)
+        before = p[order].cumsum(0) - p[order]
+        keep = torch.zeros_like(p, dtype=torch.bool)
+        keep[order[before < s.top_p]] = True
+        p = torch.where(keep, p, 0.0)
+        p = p / p.sum()
+    return p
+
+
 def exact_two_tokens(P: torch.Tensor, root: int, s: Sampling) -> np.ndarray:
-    p1 = warp_probs(P[root], s)
+    p1 = reference(P[root], s)
     out = np.zeros((V, V))
     for a in range(V):
-        out[a] = (p1[a] * warp_probs(P[a], s)).numpy()
+        out[a] = (p1[a] * reference(P[a], s)).numpy()
     return out.reshape(-1)
 
 
+class BigramStepper:
+    """A draft "model" over the bigram logits Q, as the tree builders see a drafter."""
+
+    vocab_ids = None
+
+    def __init__(self, Q: torch.Tensor, root: int):
+        self.Q, self.root = Q, root
+
+    def root_logprobs(self) -> torch.Tensor:
+        return torch.log_softmax(self.Q[self.root], -1)
+
+    def expand(self, tokens, parent_slots, attend, depth):
+        return torch.log_softmax(self.Q[tokens], -1)
+
+
+def round_tree(Q, root, s, shape, noise, pos) -> DraftTree:
+    if shape == "coupled-chain":  # the draft's own sample under the target's noise, three deep
+        st = CoupledStepper(BigramStepper(Q, root), s, noise, pos)
+        toks, lp = [], st.root_logprobs()
+        for d in range(3):
+            toks.append(int(lp.argmax()))
+            lp = st.expand(torch.tensor([toks[-1]]), None, None, d + 1)[0]
+        return DraftTree.chain(root, toks)
+    # deterministic top-k tree from Q: root's top-3 children, top-2 grandchildren under the first two
+    kids = Q[root].topk(3).indices.tolist()
+    tokens, parents = [root], [-1]
+    for k in kids:
+        tokens.append(k)
+        parents.append(0)
+    for j, k in enumerate(kids[:2]):
+        for gk in Q[k].topk(2).indices.tolist():
+            tokens.append(gk)
+            parents.append(1 + j)
+    if shape == "point-chain":
+        tokens, parents = tokens[:2] + [tokens[4]], [-1, 0, 1]
+    return DraftTree.from_parents(torch.tensor(tokens), torch.tensor(parents))
+
+
 def run_accept(P, Q, root, s, shape, n, seed, broken=False):
-    """Draw ``n`` two-token continuations through accept_sampling; returns counts over V*V cells."""
-    g = torch.Generator().manual_seed(seed)
+    """Draw ``n`` two-token continuations of ``root`` (at position 0), each with fresh noise, round after round
+    through accept_sampled; returns counts over V*V cells and the accepted drafts."""
     counts = np.zeros(V * V)
-    for _ in range(n):
-        if shape == "sampled-chain":
-            toks, qs, prev = [], [], root
-            for _ in range(3):
-                q = warp_probs(Q[prev], s)
-                prev = int(torch.multinomial(q, 1, generator=g))
-                toks.append(prev)
-                qs.append(q)
-            probs = torch.zeros(4, V)
-            probs[1:] = torch.stack(qs)
-            tree = DraftTree.chain(root, toks, draft_probs=probs)
-        else:
-            # deterministic top-k tree from Q: root's top-3 children, top-2 grandchildren under the first two
-            kids = Q[root].topk(3).indices.tolist()
-            tokens, parents = [root], [-1]
-            for k in kids:
-                tokens.append(k)
-                parents.append(0)
-            for j, k in enumerate(kids[:2]):
-                for gk in Q[k].topk(2).indices.tolist():
-                    tokens.append(gk)
-                    parents.append(1 + j)
-            if shape == "point-chain":
-                tokens, parents = tokens[:2] + [tokens[4]], [-1, 0, 1]
-            tree = DraftTree.from_parents(torch.tensor(tokens), torch.tensor(parents))
-        logits = P[tree.tokens]  # target logits at every node depend on the node's token (bigram)
-        path, nxt = accept_sampling(tree, logits, s, g, _broken=broken)
-        seq = tree.tokens[path[1:]].tolist() + [nxt]
+    accepted = 0
+    for i in range(n):
+        noise = Noise(seed * 100003 + i, V)
+        seq, pos, r = [], 0, root
         while len(seq) < 2:
-            seq.append(int(torch.multinomial(warp_probs(P[seq[-1]], s), 1, generator=g)))
+            tree = round_tree(Q, r, s, shape, noise, pos)
+            path, nxt = accept_sampled(tree, P[tree.tokens], s, noise, pos, _broken=broken)
+            new = tree.tokens[path[1:]].tolist() + [nxt]
+            accepted += len(path) - 1
+            seq += new
+            pos, r = pos + len(new), nxt
         counts[seq[0] * V + seq[1]] += 1
-    return counts
+    return counts, accepted
 
 
 SETTINGS = [Sampling(1.0), Sampling(0.7), Sampling(1.5, top_p=0.8), Sampling(1.0, top_k=3)]
 
 
-@pytest.mark.parametrize("shape", ["sampled-chain", "point-tree", "point-chain"])
+@pytest.mark.parametrize("shape", ["coupled-chain", "point-tree", "point-chain"])
 @pytest.mark.parametrize("s", SETTINGS, ids=lambda s: f"T{s.temperature}-p{s.top_p}-k{s.top_k}")
 def test_acceptance_rule_preserves_distribution(shape, s):
     P, Q = bigram(0), bigram(1)  # draft disagrees with the target
-    counts = run_accept(P, Q, 2, s, shape, n=6000, seed=11)
+    counts, accepted = run_accept(P, Q, 2, s, shape, n=6000, seed=11)
+    assert accepted > 0
     p = chi2_pvalue(counts, exact_two_tokens(P, 2, s))
     assert p > 1e-3, f"distribution mismatch, chi-square p={p:.2e}"
 
 
-@pytest.mark.parametrize("shape", ["sampled-chain", "point-tree"])
+@pytest.mark.parametrize("shape", ["point-chain", "point-tree"])
 def test_broken_rule_is_caught(shape):
-    """Skipping the residual renormalisation looks plausible and is wrong; the same check must fail."""
+    """Noise keyed by the depth in the round instead of the position looks plausible and is wrong (a rejected
+    round's next token reuses the noise the round before used); the same check must fail."""
     P, Q = bigram(0), bigram(1)
     s = Sampling(1.0)
-    counts = run_accept(P, Q, 2, s, shape, n=6000, seed=11, broken=True)
+    counts, _ = run_accept(P, Q, 2, s, shape, n=6000, seed=11, broken=True)
     p = chi2_pvalue(counts, exact_two_tokens(P, 2, s))
     assert p < 1e-6, f"the broken rule was not detected (p={p:.2e})"
 
 
-def test_near_perfect_draft_accepts_a_lot():
+def test_drafts_equal_to_the_target_are_always_accepted():
+    """With the draft's distribution equal to the target's, its sample under the same noise is the target's."""
     P = bigram(0)
+    _, accepted = run_accept(P, P, 2, Sampling(1.0), "coupled-chain", n=300, seed=0)
+    assert accepted >= 600  # every round's whole chain: two or more tokens per draw
+
+
+def test_output_does_not_depend_on_the_drafts():
+    """Same noise, any tree: the same tokens (what plain sampling gives), drafts only change the rounds."""
+    P, Q = bigram(0), bigram(1)
     s = Sampling(1.0)
-    g = torch.Generator().manual_seed(0)
-    accepted = 0
-    for _ in range(300):
-        q = warp_probs(P[2], s)
-        t = int(torch.multinomial(q, 1, generator=g))
-        probs = torch.zeros(2, V)
-        probs[1] = q
-        path, _ = accept_sampling(DraftTree.chain(2, [t], draft_probs=probs), P[torch.tensor([2, t])], s, g)
-        accepted += len(path) - 1
-    assert accepted == 300  # q == p: min(1, p/q) = 1, always accepted
+    for i in range(200):
+        outs = []
+        for shape in ("coupled-chain", "point-tree", "point-chain", "none"):
+            noise, seq, pos, r = Noise(i, V), [], 0, 2
+            while len(seq) < 4:
+                tree = DraftTree.root_only(r) if shape == "none" else round_tree(Q, r, s, shape, noise, pos)
+                path, nxt = accept_sampled(tree, P[tree.tokens], s, noise, pos)
+                new = tree.tokens[path[1:]].tolist() + [nxt]
+                seq += new
+                pos, r = pos + len(new), nxt
+            outs.append(seq[:4])
+        assert all(o == outs[-1] for o in outs), outs
+
+
+def test_noise_is_gumbel_per_position_and_reproducible():
+    """Each position's noise is standard Gumbel (argmax(log p + g) follows p), positions are independent, and a
+    seed gives the same noise again, in any order of requests."""
+    p = torch.tensor([0.5, 0.25, 0.125, 0.0625, 0.0625])
+    n = 4000
+    a, b = Noise(7, 5), Noise(7, 5)
+    firsts = [sample_token(p.log(), Sampling(1.0), a, k) for k in range(n)]
+    assert chi2_pvalue(np.bincount(firsts, minlength=5), p.numpy()) > 1e-3
+    pairs = np.zeros(25)
+    for k in range(0, n, 2):
+        pairs[firsts[k] * 5 + firsts[k + 1]] += 1
+    assert chi2_pvalue(pairs, np.outer(p, p).reshape(-1)) > 1e-3  # neighbouring positions independent
+    assert [sample_token(p.log(), Sampling(1.0), b, k) for k in reversed(range(n))][::-1] == firsts
+    assert not torch.equal(Noise(8, 5).at(0), a.at(0))
+    assert warp_probs(torch.tensor([1.0, 3.0]), Sampling(0.0)).tolist() == [0.0, 1.0]
 
 
 # ------------------------------------------------------------------- end to end on tiny transformers models
+
+
+def broken_accept(tree, logits, sampling, noise, pos):
+    return accept_sampled(tree, logits, sampling, noise, pos, _broken=True)
 
 
 def _exact_prefix_dist(model, prompt: list[int], s: Sampling, vocab: int) -> tuple[np.ndarray, np.ndarray]:
@@ -136,13 +207,9 @@ def test_decode_loop_distribution_tiny_models(method, opts, s):
 
 
 def test_decode_loop_broken_rule_is_caught(monkeypatch):
-    import drafttree.accept as A
     import drafttree.decode as D
 
-    def broken(tree, logits, sampling, generator):
-        return A.accept_sampling(tree, logits, sampling, generator, _broken=True)
-
-    monkeypatch.setattr(D, "accept", broken)
+    monkeypatch.setattr(D, "accept", broken_accept)
     p12, p3, _ = _decode_loop_pvalues({"k": 3}, Sampling(1.0))
     assert min(p12, p3) < 1e-4, f"broken rule not detected end to end (p={p12:.2e}, {p3:.2e})"
 
@@ -202,13 +269,12 @@ def test_eagle_trees_preserve_the_distribution(method, opts, s):
 
 
 def test_eagle_tree_broken_rule_is_caught(monkeypatch):
-    import drafttree.accept as A
     import drafttree.decode as D
     from drafttree.drafters.eagle import make_eagle_drafter
     from drafttree.heads.model import EagleHead
     from drafttree.models import LoadedModel
 
-    monkeypatch.setattr(D, "accept", lambda tree, logits, s, g: A.accept_sampling(tree, logits, s, g, _broken=True))
+    monkeypatch.setattr(D, "accept", broken_accept)
     target = tiny_causal_lm("llama", vocab=12, hidden=32, seed=0)
     torch.manual_seed(5)
     head = EagleHead(target)
@@ -263,29 +329,8 @@ def test_batched_decoding_preserves_each_rows_distribution(opts, s):
 
 
 def test_batched_broken_rule_is_caught(monkeypatch):
-    import drafttree.accept as A
     import drafttree.batching.decode as BD
 
-    monkeypatch.setattr(BD, "accept", lambda tree, logits, s, g: A.accept_sampling(tree, logits, s, g, _broken=True))
+    monkeypatch.setattr(BD, "accept", broken_accept)
     pvals = _batch_pvalues({"k": 3}, Sampling(1.0))
     assert min(pvals) < 1e-4, f"broken rule not detected in a batch (p-values {pvals})"
-
-
-def test_draw_samples_the_categorical_distribution_and_never_a_zero():
-    """The one-uniform sampler every sampled token goes through: frequencies match, zero mass is never drawn,
-    and a seed reproduces the sequence (checked against the distribution, not against torch.multinomial)."""
-    from drafttree.categorical import draw
-
-    p = torch.tensor([0.0, 0.5, 1e-3, 0.0, 0.25, 0.149, 0.1, 0.0])
-    n = 20000
-    g = torch.Generator().manual_seed(3)
-    seq = [draw(p, g) for _ in range(n)]
-    counts = np.bincount(seq, minlength=p.numel())
-    assert counts[p.numpy() == 0].sum() == 0
-    keep = p.numpy() > 0
-    assert chi2_pvalue(counts[keep], (p[keep] / p.sum()).numpy()) > 1e-3
-    g2 = torch.Generator().manual_seed(3)
-    assert [draw(p, g2) for _ in range(200)] == seq[:200]
-    # unnormalised weights and a one-hot distribution (the last index included)
-    assert draw(torch.tensor([0.0, 0.0, 3.0]), g) == 2
-    assert {draw(torch.tensor([2.0, 0.0, 2.0]), g) for _ in range(200)} == {0, 2}

@@ -3,21 +3,19 @@
 Every rule returns the accepted root-to-node path of a verified :class:`~drafttree.tree.DraftTree` and
 the next token (the target's correction, or its bonus token when the whole path was accepted).
 
-Why the sampling rule is lossless. At a node, let r be the target distribution (after temperature, top-k
-and top-p). The node's children are tried in order; child i carries a token x_i drawn from a proposal
-distribution q_i *independently of every earlier accept/reject decision* (a deterministic top-k or lookup
-candidate is the point mass q_i = delta(x_i); a sampled draft token keeps its q_i). Child i is accepted
-with probability min(1, r(x_i) / q_i(x_i)); on rejection r becomes norm(max(0, r - q_i)) and the next
-child is tried; when all are rejected the token is sampled from the final r. For one child,
-P(out = y) = min(q_i(y), r(y)) + P(reject) * max(0, r(y) - q_i(y)) / P(reject) = r(y), with
-P(reject) = sum_y max(0, r(y) - q_i(y)); by induction over the siblings the emitted token is distributed
-exactly as r, the target's distribution. An accepted child's subtree was drafted given that child, so
-the walk repeats at the child with the target's distribution there: the whole sequence is sampled from
-the target (Leviathan et al. 2023, Chen et al. 2023; for point masses this is EAGLE-2's rule: accept x
-with probability r(x), otherwise zero r(x) and renormalise).
+Why the sampling rule is lossless. Sampling is an argmax (:mod:`drafttree.noise`): the token the target samples at
+sequence position t is argmax_x (log r(x) + g_t(x)), r the target's distribution there (after temperature, top-k and
+top-p) and g_t a vector of independent standard Gumbel variables fixed by the seed and t alone, so it is distributed
+exactly as r (the Gumbel-max trick), independently of every other position. The rule walks the tree from the root:
+at a node at depth d (the root at position P) it computes the target's token y at position P + d + 1 from the
+node's logits, follows the child whose token is y, and stops at a node with no such child, emitting y. Every
+emitted token is therefore the target's own sample given the tokens before it, which is what plain sampling with the
+same noise emits: the output is the same text, token for token, whatever was drafted and however the drafts were
+chosen (the drafters never change the noise; they may read it, :class:`~drafttree.noise.CoupledStepper`). A draft
+token x is accepted with probability r(x) when the drafter did not read the noise, as under the residual rule of
+Leviathan et al. / Chen et al. for point-mass proposals, and siblings together with the sum of their r.
 
-At temperature 0 the target is deterministic (argmax) and the rule reduces to following the child whose
-token equals the argmax.
+At temperature 0 the target is deterministic (argmax) and the rule is the same walk without noise.
 """
 
 from __future__ import annotations
@@ -27,7 +25,6 @@ from dataclasses import dataclass
 
 import torch
 
-from drafttree.categorical import draw
 from drafttree.errors import DraftTreeError
 from drafttree.tree import DraftTree
 
@@ -51,20 +48,24 @@ class Sampling:
         return self.temperature == 0.0
 
 
+def warped_logits(logits: torch.Tensor, sampling: Sampling) -> torch.Tensor:
+    """Float32 logits of the target's sampling distribution: divided by the temperature, -inf outside the top-k
+    and outside the top-p nucleus (their softmax is :func:`warp_probs`). Rows of a 2-D input are warped apart."""
+    z = logits.float() / sampling.temperature
+    if sampling.top_k and sampling.top_k < z.shape[-1]:
+        kth = z.topk(sampling.top_k, dim=-1).values[..., -1:]
+        z = z.masked_fill(z < kth, float("-inf"))
+    if sampling.top_p < 1.0:
+        z = z.masked_fill(nucleus(torch.softmax(z, dim=-1), sampling.top_p) == 0, float("-inf"))
+    return z
+
+
 def warp_probs(logits: torch.Tensor, sampling: Sampling) -> torch.Tensor:
     """Target sampling distribution from logits: temperature, then top-k, then top-p (nucleus), float32."""
-    logits = logits.float()
     if sampling.greedy:
-        out = torch.zeros_like(logits)
+        out = torch.zeros_like(logits, dtype=torch.float32)
         return out.scatter_(-1, logits.argmax(-1, keepdim=True), 1.0)
-    logits = logits / sampling.temperature
-    if sampling.top_k and sampling.top_k < logits.shape[-1]:
-        kth = logits.topk(sampling.top_k, dim=-1).values[..., -1:]
-        logits = logits.masked_fill(logits < kth, float("-inf"))
-    probs = torch.softmax(logits, dim=-1)
-    if sampling.top_p < 1.0:
-        probs = nucleus(probs, sampling.top_p)
-    return probs
+    return torch.softmax(warped_logits(logits, sampling), dim=-1)
 
 
 def nucleus(probs: torch.Tensor, top_p: float, first: int = 64) -> torch.Tensor:
@@ -97,11 +98,13 @@ def nucleus(probs: torch.Tensor, top_p: float, first: int = 64) -> torch.Tensor:
     return out / out.sum()
 
 
-def sample_token(logits: torch.Tensor, sampling: Sampling, generator: torch.Generator | None) -> int:
-    """Plain autoregressive sampling of one token from the target's logits."""
+def sample_token(logits: torch.Tensor, sampling: Sampling, noise=None, pos: int = 0) -> int:
+    """The target's token at sequence position ``pos`` from its logits there: the argmax at T = 0, else the argmax
+    of the warped logits plus the position's noise (a :class:`~drafttree.noise.Noise`)."""
     if sampling.greedy:
         return int(logits.argmax(-1).item())
-    return draw(warp_probs(logits, sampling), generator)
+    z = warped_logits(logits, sampling)
+    return int((z + noise.at(pos, z.device)[: z.shape[-1]]).argmax().item())
 
 
 def accept_greedy(tree: DraftTree, logits: torch.Tensor) -> tuple[list[int], int]:
@@ -117,53 +120,29 @@ def accept_greedy(tree: DraftTree, logits: torch.Tensor) -> tuple[list[int], int
     return tree.path_to(node), int(best[node].item())
 
 
-def accept_sampling(
-    tree: DraftTree, logits: torch.Tensor, sampling: Sampling, generator: torch.Generator | None,
-    _broken: bool = False,
-) -> tuple[list[int], int]:
-    """Multi-candidate speculative sampling over the tree (see the module docstring for the proof).
+def accept_sampled(tree: DraftTree, logits: torch.Tensor, sampling: Sampling, noise, pos: int,
+                   _broken: bool = False) -> tuple[list[int], int]:
+    """The walk of the module docstring: follow the child equal to the target's sample, position by position.
 
-    ``_broken`` exists only for tests: it accepts every draft with probability r(x) / q(x) *without* the
-    residual renormalisation, a plausible-looking but wrong rule that the distribution tests must catch.
-    """
+    ``pos`` is the root's sequence position. ``_broken`` exists only for tests: it keys the noise by the depth in
+    the round instead of the position (the same noise again every round), a plausible-looking but wrong rule that
+    the distribution tests must catch."""
     children = tree.children()
     tokens = tree.tokens.tolist()
-    sampled = tree.sampled.tolist() if tree.sampled is not None else [False] * tree.size
     node, path = 0, [0]
     while True:
-        r = warp_probs(logits[node], sampling)
-        accepted = None
-        for c in children[node]:
-            x = tokens[c]
-            rx = float(r[x])
-            if sampled[c]:
-                q = tree.draft_probs[c].to(r.device, torch.float32)
-                qx = float(q[x])
-            else:
-                q, qx = None, 1.0
-            u = float(torch.rand((), generator=generator, device=r.device))
-            if qx > 0 and u < min(1.0, rx / qx):
-                accepted = c
-                break
-            if _broken:
-                continue
-            if q is None:
-                r[x] = 0.0
-            else:
-                r = torch.clamp(r - q, min=0.0)
-            total = float(r.sum())
-            if total <= 0.0:  # r was entirely covered by the proposals: cannot happen when rx < qx somewhere
-                r = warp_probs(logits[node], sampling)
-                break
-            r = r / total
-        if accepted is None:
-            return path, draw(r, generator)
-        node = accepted
+        at = len(path) if _broken else pos + len(path)  # the position of the token chosen after ``node``
+        y = sample_token(logits[node], sampling, noise, at)
+        child = next((c for c in children[node] if tokens[c] == y), None)
+        if child is None:
+            return path, y
+        node = child
         path.append(node)
 
 
-def accept(tree: DraftTree, logits: torch.Tensor, sampling: Sampling,
-           generator: torch.Generator | None) -> tuple[list[int], int]:
+def accept(tree: DraftTree, logits: torch.Tensor, sampling: Sampling, noise=None,
+           pos: int = 0) -> tuple[list[int], int]:
+    """Greedy or sampled acceptance; ``noise`` and ``pos`` (the root's position) matter only when sampling."""
     if sampling.greedy:
         return accept_greedy(tree, logits)
-    return accept_sampling(tree, logits, sampling, generator)
+    return accept_sampled(tree, logits, sampling, noise, pos)

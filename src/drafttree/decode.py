@@ -14,6 +14,7 @@ import torch
 
 from drafttree.accept import Sampling, accept, sample_token
 from drafttree.drafters.base import Drafter, DraftRequest
+from drafttree.noise import Noise
 from drafttree.target import TargetModel
 
 
@@ -83,7 +84,8 @@ def decode(
     stats = stats if stats is not None else DecodeStats()
     watch = Stopwatch(stats, target.device)
     pre = target.prefill(prompt_ids)
-    root = sample_token(pre.logits[-1], sampling, generator)
+    noise = Noise.from_generator(generator, pre.logits.shape[-1])  # fixes every position's sample (noise.py)
+    root = sample_token(pre.logits[-1], sampling, noise, prompt_ids.numel())
     watch.lap("time_prefill")
     drafter.begin(prompt_ids, pre.features, root)
     watch.lap("time_draft")
@@ -100,14 +102,14 @@ def decode(
             return
         watch.resume()
         max_depth = min(max_new_tokens - stats.new_tokens - 1, target.max_positions - target.length - 2)
-        req = DraftRequest(context, root, max(0, max_depth), sampling, generator, reproducible=reproducible)
+        req = DraftRequest(context, root, max(0, max_depth), sampling, noise, reproducible=reproducible)
         tree = drafter.propose(req).to(target.device)  # draft
         if tree.max_depth > req.max_depth:
             raise RuntimeError(f"drafter {drafter.name} proposed depth {tree.max_depth} > {req.max_depth}")
         watch.lap("time_draft")
         out = target.forward_tree(tree.tokens, tree.depths, tree.ancestors)  # verify
         watch.lap("time_verify")
-        path, nxt = accept(tree, out.logits, sampling, generator)  # accept
+        path, nxt = accept(tree, out.logits, sampling, noise, req.root_pos)  # accept
         target.commit(path)
         committed = tree.tokens[path].tolist()
         watch.lap("time_other")

@@ -9,7 +9,9 @@ builder serves every drafter:
   * :func:`grow_dynamic_tree` — EAGLE-2: expand the ``top_k`` best frontier nodes per depth by global
     confidence (sum of draft log-probs along the path), then keep the best ``total_tokens`` nodes;
   * :func:`grow_static_tree` — EAGLE-1: a fixed shape given as top-k rank paths;
-  * :func:`grow_sampled_chain` — a chain sampled from the draft distribution (speculative sampling, T > 0).
+  * :func:`grow_chain` — the drafter's top-1 chain.
+At T > 0 the builders grow the same shapes from the drafter seen through the target's noise
+(:class:`~drafttree.noise.CoupledStepper`): every tree is a set of point-mass candidates.
 """
 
 from __future__ import annotations
@@ -20,8 +22,6 @@ from dataclasses import dataclass
 from typing import Protocol
 
 import torch
-
-from drafttree.categorical import draw
 
 
 def ancestor_matrix(parents: torch.Tensor) -> torch.Tensor:
@@ -47,10 +47,6 @@ class DraftTree:
     parents: torch.Tensor  # [n] long, -1 for the root; parents[i] < i
     ancestors: torch.Tensor  # [n, n] bool
     depths: torch.Tensor  # [n] long, root 0
-    # For nodes drafted by *sampling*, the distribution they were sampled from ([n, vocab], rows of other
-    # nodes unused); ``sampled[i]`` says which. Deterministic nodes (top-k, lookup) are point masses.
-    draft_probs: torch.Tensor | None = None
-    sampled: torch.Tensor | None = None
     # sum over draft nodes of exp(score): the draft's own estimate of the accepted length (dynamic trees)
     expected_accept: float | None = None
 
@@ -65,27 +61,21 @@ class DraftTree:
     def to(self, device: torch.device) -> DraftTree:
         if self.tokens.device == device:
             return self
-        probs = None if self.draft_probs is None else self.draft_probs.to(device)
-        sampled = None if self.sampled is None else self.sampled.to(device)
         return DraftTree(self.tokens.to(device), self.parents.to(device), self.ancestors.to(device),
-                         self.depths.to(device), probs, sampled, self.expected_accept)
+                         self.depths.to(device), self.expected_accept)
 
     @staticmethod
-    def from_parents(tokens: torch.Tensor, parents: torch.Tensor, draft_probs=None, sampled=None) -> DraftTree:
+    def from_parents(tokens: torch.Tensor, parents: torch.Tensor) -> DraftTree:
         anc = ancestor_matrix(parents)
-        return DraftTree(tokens, parents, anc, anc.sum(1) - 1, draft_probs, sampled)
+        return DraftTree(tokens, parents, anc, anc.sum(1) - 1)
 
     @staticmethod
-    def chain(root: int, drafts: list[int] | torch.Tensor, device="cpu", draft_probs=None) -> DraftTree:
+    def chain(root: int, drafts: list[int] | torch.Tensor, device="cpu") -> DraftTree:
         drafts = torch.as_tensor(drafts, dtype=torch.long, device=device).reshape(-1)
         n = drafts.numel() + 1
         tokens = torch.cat([torch.tensor([root], dtype=torch.long, device=device), drafts])
         idx = torch.arange(n, device=device)
-        sampled = None
-        if draft_probs is not None:
-            sampled = torch.ones(n, dtype=torch.bool, device=device)
-            sampled[0] = False
-        return DraftTree(tokens, idx - 1, idx[:, None] >= idx[None, :], idx, draft_probs, sampled)
+        return DraftTree(tokens, idx - 1, idx[:, None] >= idx[None, :], idx)
 
     @staticmethod
     def root_only(root: int, device="cpu") -> DraftTree:
@@ -350,31 +340,3 @@ def grow_chain(stepper: TreeStepper, root: int, length: int, stop=None) -> Draft
         lp = stepper.expand(torch.tensor([tok], device=dev), torch.tensor([d - 1], device=dev),
                             torch.ones(1, d + 1, dtype=torch.bool, device=dev), d + 1)[0]
     return DraftTree.chain(root, tokens, dev)
-
-
-def grow_sampled_chain(stepper: TreeStepper, root: int, length: int, warp, generator: torch.Generator | None,
-                       vocab_size: int) -> DraftTree:
-    """A chain whose tokens are *sampled* from the (warped) draft distribution q, keeping q for acceptance."""
-    lp = stepper.root_logprobs()
-    dev = lp.device
-    drafts, qs = [], []
-    for d in range(length):
-        q_small = warp(lp.float())
-        if stepper.vocab_ids is not None:  # a reduced draft vocabulary: scatter into target ids
-            q = torch.zeros(vocab_size, device=dev).index_copy_(0, stepper.vocab_ids, q_small)
-        elif q_small.numel() < vocab_size:  # a draft LM with fewer output rows than the target
-            q = torch.zeros(vocab_size, device=dev)
-            q[: q_small.numel()] = q_small
-        else:
-            q = q_small
-        tok = draw(q, generator)
-        drafts.append(tok)
-        qs.append(q)
-        if d + 1 < length:
-            slot = torch.tensor([d - 1], dtype=torch.long, device=dev)
-            attend = torch.ones(1, d + 1, dtype=torch.bool, device=dev)
-            lp = stepper.expand(torch.tensor([tok], device=dev), slot, attend, d + 1)[0]
-    probs = torch.zeros(length + 1, vocab_size, device=dev)
-    if qs:
-        probs[1:] = torch.stack(qs)
-    return DraftTree.chain(root, drafts, dev, draft_probs=probs)

@@ -22,6 +22,7 @@ from drafttree.batching.target import BatchTarget
 from drafttree.budget import BatchShare, CostModel
 from drafttree.decode import DecodeStats
 from drafttree.drafters.base import Drafter, DraftRequest
+from drafttree.noise import Noise
 from drafttree.tree import DraftTree
 
 
@@ -34,7 +35,7 @@ class Sequence:
     sampling: Sampling = field(default_factory=Sampling)
     max_new_tokens: int = 256
     eos_ids: frozenset[int] = frozenset()
-    generator: torch.Generator | None = None
+    generator: torch.Generator | None = None  # seeds the row's noise (noise.py) at its prefill
     reproducible: bool = False
     tag: object = None  # the caller's handle (e.g. a server request)
     stats: DecodeStats = field(default_factory=DecodeStats)
@@ -44,6 +45,7 @@ class Sequence:
     context: list[int] = field(default_factory=list, repr=False)
     root: int = -1
     last_tree: int = 1
+    noise: Noise | None = field(default=None, repr=False)
 
     def _finish(self, reason: str) -> None:
         self.finished = True
@@ -86,7 +88,8 @@ class BatchDecoder:
         """Prefill ``seq`` and append it as a row; returns its first token (it may already be finished)."""
         t0 = time.perf_counter()
         pre = self.target.add(seq.prompt_ids)
-        root = sample_token(pre.logits[-1], seq.sampling, seq.generator)
+        seq.noise = Noise.from_generator(seq.generator, pre.logits.shape[-1])
+        root = sample_token(pre.logits[-1], seq.sampling, seq.noise, seq.prompt_ids.numel())
         seq.drafter.begin(seq.prompt_ids, pre.features, root)
         st = seq.stats
         st.time_prefill = st.wall_time = time.perf_counter() - t0
@@ -160,7 +163,7 @@ class BatchDecoder:
                 draft_times.append(0.0)
                 continue
             cost, depth = plans[i]
-            req = DraftRequest(seq.context, seq.root, depth, seq.sampling, seq.generator,
+            req = DraftRequest(seq.context, seq.root, depth, seq.sampling, seq.noise,
                                reproducible=seq.reproducible, cost=cost)
             tree = seq.drafter.propose(req).to(tgt.device)
             if tree.max_depth > req.max_depth:
@@ -170,7 +173,7 @@ class BatchDecoder:
         t0 = time.perf_counter()
         outs = tgt.forward_trees(trees)
         t_verify = time.perf_counter() - t0
-        accepted = [accept(t, o.logits, s.sampling, s.generator) for s, t, o in zip(rows, trees, outs)]
+        accepted = [accept(t, o.logits, s.sampling, s.noise, len(s.context) - 1) for s, t, o in zip(rows, trees, outs)]
         tgt.commit([path for path, _ in accepted])
         results = []
         for seq, tree, out, (path, nxt), t_draft in zip(rows, trees, outs, accepted, draft_times):

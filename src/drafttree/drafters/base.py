@@ -18,12 +18,17 @@ class DraftRequest:
     root: int  # the last token: chosen by the target, not yet in its KV cache
     max_depth: int  # never propose deeper than this (remaining budget / context window)
     sampling: Sampling
-    generator: torch.Generator | None
+    noise: object | None  # the generation's Gumbel noise (drafttree.noise.Noise): T > 0 drafters may read it
     info: dict = field(default_factory=dict)  # drafters may leave per-round notes (e.g. chosen depth)
     # a seed was given: every drafting decision must come from counters and cached curves, never a clock
     reproducible: bool = False
     # batched decoding: the verify cost charged to this row (a budget.BatchShare); None = the row is alone
     cost: object | None = None
+
+    @property
+    def root_pos(self) -> int:
+        """The root's sequence position (its children are at ``root_pos + 1``)."""
+        return len(self.context) - 1
 
 
 class Drafter:

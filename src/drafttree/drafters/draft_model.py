@@ -1,9 +1,9 @@
 """Classic speculative decoding with a small draft language model sharing the target's tokenizer.
 
-At temperature 0 the draft proposes its greedy chain; with ``tree=True`` an EAGLE-2-style top-k tree
-(deterministic candidates, verified with the point-mass rule at any temperature); at T > 0 a chain is
-*sampled* from its own warped distribution q and keeps q, so the verifier applies Leviathan et
-al.'s rule: accept with min(1, p/q), resample from norm(max(0, p - q)) on rejection.
+The draft proposes its greedy chain, or with ``tree=True`` an EAGLE-2-style top-k tree. At T > 0 both are grown
+from the draft's distribution seen through the target's noise (:mod:`drafttree.noise`): its top-1 is its own sample
+under that noise, which is the target's sample whenever the two agree (the coupling that replaces Leviathan et al.'s
+min(1, p/q) test; the verifier's rule keeps the output the target's, whatever was drafted).
 The draft LM runs through the same :class:`~drafttree.target.TargetModel` wrapper as the target, so it
 can draft trees with tree attention too.
 """
@@ -12,13 +12,13 @@ from __future__ import annotations
 
 import torch
 
-from drafttree.accept import warp_probs
 from drafttree.budget import BudgetRounds
 from drafttree.drafters.base import Drafter, DraftRequest
 from drafttree.drafters.options import AUTO, DraftLMOptions
 from drafttree.errors import DraftTreeError
+from drafttree.noise import coupled
 from drafttree.target import TargetModel
-from drafttree.tree import DraftTree, grow_chain, grow_dynamic_tree, grow_sampled_chain
+from drafttree.tree import DraftTree, grow_chain, grow_dynamic_tree
 
 
 def param_count(module: torch.nn.Module) -> int:
@@ -113,7 +113,7 @@ class DraftModelDrafter(Drafter):
         k = min(self.k, req.max_depth)
         if k <= 0:
             return DraftTree.root_only(req.root)
-        stepper = self.state.stepper(req.context)
+        stepper = coupled(self.state.stepper(req.context), req.sampling, req.noise, req.root_pos)
         if self.tree:  # deterministic top-k tree: point-mass candidates at any temperature
             if self.rounds is None:
                 return grow_dynamic_tree(stepper, req.root, k, self.top_k, self.total_tokens)
@@ -124,9 +124,6 @@ class DraftModelDrafter(Drafter):
             self.rounds.record(budget, tree.expected_accept or 0.0, tree.size, tree.max_depth + 1, level)
             req.info.update(tree_tokens=tree.size, depth=tree.max_depth)
             return tree
-        if not req.sampling.greedy:
-            return grow_sampled_chain(stepper, req.root, k, lambda lp: warp_probs(lp, req.sampling),
-                                      req.generator, self.target_vocab)
         return grow_chain(stepper, req.root, k)
 
 

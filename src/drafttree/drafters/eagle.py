@@ -13,7 +13,6 @@ from typing import NamedTuple
 
 import torch
 
-from drafttree.accept import warp_probs
 from drafttree.attention import grouped_attention
 from drafttree.budget import BudgetRounds, TreeBudget, cost_model_for
 from drafttree.cache import GrowingCache
@@ -32,13 +31,13 @@ from drafttree.drafters.options import AUTO, EagleOptions, parse_options
 from drafttree.errors import DraftTreeError
 from drafttree.heads.model import EagleHead
 from drafttree.kernels import fast_linears
+from drafttree.noise import coupled
 from drafttree.target import tree_attention_mask
 from drafttree.tree import (
     EAGLE1_TREE,
     DraftTree,
     grow_chain,
     grow_dynamic_tree,
-    grow_sampled_chain,
     grow_static_tree,
 )
 
@@ -162,7 +161,7 @@ class EagleState:
 
 
 class ChainShape:
-    """A top-1 chain at T = 0 (the policy may stop it early), a chain sampled from the head's q at T > 0."""
+    """The head's top-1 chain (the policy may stop it early); at T > 0 its top-1 under the target's noise."""
 
     chain = True
 
@@ -170,11 +169,7 @@ class ChainShape:
         pass
 
     def grow(self, drafter: EagleDrafter, req: DraftRequest, depth: int, stop: StopRule | None) -> DraftTree:
-        st = drafter.state
-        if not req.sampling.greedy:
-            return grow_sampled_chain(st, req.root, depth, lambda lp: warp_probs(lp, req.sampling),
-                                      req.generator, drafter.head.target_vocab_size)
-        tree = grow_chain(st, req.root, depth, stop=stop)
+        tree = grow_chain(coupled(drafter.state, req.sampling, req.noise, req.root_pos), req.root, depth, stop=stop)
         req.info["drafted"] = tree.size - 1
         return tree
 
@@ -194,7 +189,8 @@ class StaticTreeShape:
         pass
 
     def grow(self, drafter, req, depth, stop):
-        return grow_static_tree(drafter.state, req.root, [p for p in self.paths if len(p) <= depth])
+        stepper = coupled(drafter.state, req.sampling, req.noise, req.root_pos)
+        return grow_static_tree(stepper, req.root, [p for p in self.paths if len(p) <= depth])
 
     def observe(self, accepted_drafts: int) -> None:
         pass
@@ -217,11 +213,12 @@ class DynamicTreeShape:
             self.rounds.begin()
 
     def grow(self, drafter, req, depth, stop):
+        stepper = coupled(drafter.state, req.sampling, req.noise, req.root_pos)
         if self.rounds is None:
-            return grow_dynamic_tree(drafter.state, req.root, depth, self.top_k, self.total_tokens)
+            return grow_dynamic_tree(stepper, req.root, depth, self.top_k, self.total_tokens)
         budget = self.rounds.start(req.reproducible, req.cost, len(req.context))
         level = drafter.head.level_cost() * self.rounds.base.verify(1) if req.reproducible else None  # modelled
-        tree = grow_dynamic_tree(drafter.state, req.root, depth, self.top_k, budget.max_total, budget=budget,
+        tree = grow_dynamic_tree(stepper, req.root, depth, self.top_k, budget.max_total, budget=budget,
                                  level_seconds=level)
         self.rounds.record(budget, tree.expected_accept or 0.0, tree.size, tree.max_depth + 1, level)
         req.info.update(tree_tokens=tree.size, depth=tree.max_depth, calibration=round(budget.calibration, 3))

@@ -254,7 +254,7 @@ class HybridDrafter(Drafter):
         return tree
 
     def _propose(self, req: DraftRequest) -> DraftTree:
-        rc = RoundContext(req.context, req.root, req.max_depth, req.sampling, [], self._bar(req.cost))
+        rc = RoundContext(req.context, req.root, req.max_depth, req.sampling, [], self._bar(req.cost), req.noise)
         limit = self.total_tokens if self.total_tokens is not None else self.budget.max_total
         merged = MergedTree(req.root)
         ran: list[tuple[int, int, float]] = []  # (source, situation, cost) of the costly sources that drafted

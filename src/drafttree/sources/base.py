@@ -125,6 +125,7 @@ class RoundContext:
     earlier: list[Proposal]
     # no tree whose best first node is estimated below this can pay this round (a batch's bar); 0: no bar
     min_accept: float = 0.0
+    noise: object | None = None  # the generation's noise (drafttree.noise): model sources draft through it at T > 0
 
 
 class CandidateSource(Protocol):

@@ -14,6 +14,7 @@ import math
 
 import torch
 
+from drafttree.noise import coupled
 from drafttree.sources.base import Calibration, Proposal, RoundContext
 from drafttree.tree import Candidates
 
@@ -65,6 +66,8 @@ class ExpandingSource:
         if depth <= 0:
             return None
         stepper = self._stepper(rc)
+        if rc.sampling is not None:
+            stepper = coupled(stepper, rc.sampling, rc.noise, len(rc.context) - 1)
         cells: list[torch.Tensor] = []
 
         def calibrate(raw: torch.Tensor, d: int) -> torch.Tensor:
