@@ -441,8 +441,8 @@ def test_a_batch_bar_skips_only_trees_that_cannot_pay(others, extra):
 
 def test_a_batched_row_stops_drafting_when_its_drafts_never_pay_and_a_row_alone_does_not():
     """In a batched round a row's drafting time delays every row: a row whose drafts are never accepted stops drafting
-    (probing now and then), one whose drafts are accepted keeps drafting. Outside a batch (``cost`` None, or a
-    seeded row, which the batch decoder hands no share) nothing is gated on time, only on modelled costs."""
+    (probing now and then), one whose drafts are accepted keeps drafting. Outside a batch (``cost`` None) nothing is
+    gated on time, only on modelled costs."""
     from drafttree.budget import BatchShare, CostModel, TreeBudget
     from drafttree.drafters.base import DraftRequest
 
@@ -474,7 +474,8 @@ def test_a_batched_row_stops_drafting_when_its_drafts_never_pay_and_a_row_alone_
 def test_a_sequence_alone_stops_drafting_where_drafts_do_not_pay_and_drafts_again_when_they_do():
     """Alone and sampling, a round's drafting (modelled seconds, no clock) and its tree's extra verification must be
     paid by its accepted drafts: drafts that are never accepted stop (with probes), drafts accepted again bring
-    drafting back within a probe's wait, and the decisions are the same in every run (seeded runs reproduce)."""
+    drafting back within a probe's wait, and the decisions are the same in every run (no clock: machine load does not
+    sway them)."""
     from drafttree.budget import CostModel, TreeBudget
     from drafttree.drafters.base import DraftRequest
 
@@ -495,7 +496,7 @@ def test_a_sequence_alone_stops_drafting_where_drafts_do_not_pay_and_drafts_agai
         hd.begin(torch.tensor([1, 2]), torch.zeros(2, 4), 2)
         sizes = []
         for src.round, accepted in enumerate(plan):
-            req = DraftRequest([1, 2, 2], 2, 8, sampling, None, reproducible=True)
+            req = DraftRequest([1, 2, 2], 2, 8, sampling, None)
             sizes.append(hd.propose(req).size)
             committed = [2, 3, 4, 5] if accepted else [2]
             hd.observe(committed, torch.zeros(len(committed), 4), 7)

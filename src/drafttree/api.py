@@ -211,16 +211,14 @@ class SpeculativeModel:
         gen = torch.Generator(device=self.target.device)
         gen.manual_seed(seed if seed is not None else random.randrange(2**63))
         stream = GenerationStream(iter(()))
-        stream._it = self._run(ids, drafter, sampling, max_new_tokens, stops, gen, stream, record_rounds, label,
-                               seed is not None)
+        stream._it = self._run(ids, drafter, sampling, max_new_tokens, stops, gen, stream, record_rounds, label)
         return stream
 
-    def _run(self, ids, drafter, sampling, max_new_tokens, stops, gen, stream, record_rounds, method,
-             reproducible=False):
+    def _run(self, ids, drafter, sampling, max_new_tokens, stops, gen, stream, record_rounds, method):
         stats = DecodeStats()
         text = TextAssembler(self.tokenizer, stops)
         steps = decode(self._runner, drafter, ids, sampling, max_new_tokens, self.eos_ids, gen, stats,
-                       record_rounds, reproducible)
+                       record_rounds)
         step = 0
         for new in steps:
             delta = text.feed(new, final=stats.finish_reason == "stop")
@@ -280,7 +278,7 @@ class SpeculativeModel:
             gen.manual_seed(seed + i if seed is not None else random.randrange(2**63))
             drafter = make_drafter(method, self.target, self.draft, self.head, **dict(options))
             seqs.append(Sequence(x.to(self.target.device), drafter, sampling, max_new_tokens, frozenset(self.eos_ids),
-                                 gen, seed is not None, tag=i))
+                                 gen, tag=i))
             texts.append(TextAssembler(self.tokenizer, stops))
         dec = BatchDecoder(self.batch_target(), self.verify_cost(), self.batch_policy)
         waiting, limit = list(seqs), max_batch or len(seqs)

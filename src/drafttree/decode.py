@@ -75,7 +75,6 @@ def decode(
     generator: torch.Generator | None = None,
     stats: DecodeStats | None = None,
     record_rounds: bool = False,
-    reproducible: bool = False,
 ) -> Iterator[list[int]]:
     """Yield the new tokens of each step (the first from the prefill, then accepted drafts + next token).
 
@@ -102,7 +101,7 @@ def decode(
             return
         watch.resume()
         max_depth = min(max_new_tokens - stats.new_tokens - 1, target.max_positions - target.length - 2)
-        req = DraftRequest(context, root, max(0, max_depth), sampling, noise, reproducible=reproducible)
+        req = DraftRequest(context, root, max(0, max_depth), sampling, noise)
         tree = drafter.propose(req).to(target.device)  # draft
         if tree.max_depth > req.max_depth:
             raise RuntimeError(f"drafter {drafter.name} proposed depth {tree.max_depth} > {req.max_depth}")

@@ -40,7 +40,8 @@ class Noise:
     @classmethod
     def from_generator(cls, generator: torch.Generator | None, vocab: int) -> Noise:
         """A generation's noise, seeded by one draw from ``generator`` (so a seeded generator reproduces)."""
-        seed = torch.randint(0, 2**62, (1,), generator=generator).item()
+        device = generator.device if generator is not None else "cpu"
+        seed = torch.randint(0, 2**62, (1,), generator=generator, device=device).item()
         return cls(int(seed), vocab)
 
     def at(self, pos: int, device: torch.device | None = None) -> torch.Tensor:
@@ -75,7 +76,10 @@ class CoupledStepper:
     def _couple(self, lp: torch.Tensor, pos: int) -> torch.Tensor:
         g = self.noise.at(pos, lp.device)
         g = g[self.vocab_ids] if self.vocab_ids is not None else g[: lp.shape[-1]]
-        return torch.log_softmax(warped_logits(lp, self.sampling) + g, dim=-1)
+        s = self.sampling
+        plain = s.temperature == 1.0 and not s.top_k and s.top_p >= 1.0  # the common case: one pass fewer
+        y = torch.add(lp.float(), g) if plain else warped_logits(lp, s).add_(g)
+        return y.sub_(torch.logsumexp(y, dim=-1, keepdim=True))
 
     def root_logprobs(self) -> torch.Tensor:
         return self._couple(self.stepper.root_logprobs(), self.root_pos + 1)

@@ -214,36 +214,16 @@ def select_tree(root: int, cands: Candidates, keep: int) -> DraftTree:
     return tree
 
 
-class _CountingStepper:
-    """A stepper whose drafting time is modelled (``level_seconds`` per call) instead of read off a clock."""
-
-    def __init__(self, stepper: TreeStepper, level_seconds: float):
-        self.stepper, self.level_seconds, self.seconds = stepper, level_seconds, 0.0
-        self.vocab_ids = stepper.vocab_ids
-
-    def root_logprobs(self) -> torch.Tensor:
-        self.seconds += self.level_seconds
-        return self.stepper.root_logprobs()
-
-    def expand(self, tokens, parent_slots, attend, depth):
-        self.seconds += self.level_seconds
-        return self.stepper.expand(tokens, parent_slots, attend, depth)
-
-
 def grow_dynamic_tree(stepper: TreeStepper, root: int, depth: int, top_k: int, total_tokens: int,
-                      budget=None, level_seconds: float | None = None) -> DraftTree:
+                      budget=None) -> DraftTree:
     """EAGLE-2 expand-and-rerank: :func:`expand_candidates`, then the best ``total_tokens - 1`` candidates
     over all depths are verified.
 
     With a ``budget`` (:class:`drafttree.budget.TreeBudget`), ``depth`` and ``total_tokens`` are upper
     bounds: drafting stops when one more level is not expected to pay for itself, and the verified size
-    maximises expected tokens per second on this machine. With ``level_seconds`` (seeded runs) drafting
-    time is modelled per drafter call instead of measured, so the tree never depends on the machine's load.
+    maximises expected tokens per second on this machine (drafting time measured: it never changes the output).
     """
     clock = time.perf_counter
-    if level_seconds is not None:
-        stepper = _CountingStepper(stepper, level_seconds)
-        clock = lambda: stepper.seconds  # noqa: E731
     t0 = clock()
     deeper = None
     if budget is not None:

@@ -1,11 +1,12 @@
 """Continuous batching: several sequences draft, verify, accept and commit together.
 
-Each row keeps its own drafter, sampling settings, random generator and acceptance; only the target
+Each row keeps its own drafter, sampling settings, noise (noise.py) and acceptance; only the target
 forward is shared (:class:`~drafttree.batching.target.BatchTarget`). A newcomer joins between rounds
 (its prefill is its own forward), a finished or cancelled row leaves at the next round. Every row is charged
 a :class:`~drafttree.budget.BatchShare` of the forward, so drafters that size trees on the verify-cost curve
 shrink their trees as the batch grows. Per row the acceptance rule is the single-sequence one, so each row's
-output is exactly what decoding it alone would give (greedy: token for token; T > 0: in distribution).
+output is exactly what decoding it alone would give, token for token (at T > 0 with the same seed: the noise fixes
+each position's sample, whatever the batch drafted).
 """
 
 from __future__ import annotations
@@ -36,7 +37,6 @@ class Sequence:
     max_new_tokens: int = 256
     eos_ids: frozenset[int] = frozenset()
     generator: torch.Generator | None = None  # seeds the row's noise (noise.py) at its prefill
-    reproducible: bool = False
     tag: object = None  # the caller's handle (e.g. a server request)
     stats: DecodeStats = field(default_factory=DecodeStats)
     tokens: list[int] = field(default_factory=list)  # new tokens so far
@@ -57,7 +57,7 @@ class BatchDecoder:
 
     def __init__(self, target: BatchTarget, cost: CostModel | None = None, policy: DraftOrPlain | None = None,
                  head_batch: HeadBatch | None = None):
-        """``policy`` decides per round whether unseeded rows draft at all (default :class:`AlwaysDraft`: each
+        """``policy`` decides per round whether rows draft at all (default :class:`AlwaysDraft`: each
         row's drafter sizes its tree on its share of the forward; :class:`DraftOrPlain` measures per batch size)."""
         self.target, self.cost = target, cost
         self.policy = policy if policy is not None else AlwaysDraft()
@@ -149,8 +149,7 @@ class BatchDecoder:
         drafting = self.policy.choose(len(rows))
         plans = []
         for i, seq in enumerate(rows):
-            # seeded rows size trees as if alone: their output must not depend on who else is being served
-            batched = self.cost is not None and len(rows) > 1 and not seq.reproducible
+            batched = self.cost is not None and len(rows) > 1
             cost = (BatchShare(self.cost, total - sizes[i], len(rows), float(all_committed - committed[i]))
                     if batched else None)
             depth = min(seq.max_new_tokens - seq.stats.new_tokens - 1, tgt.max_positions - tgt.lens[i] - 2)
@@ -158,13 +157,12 @@ class BatchDecoder:
         pass_share = self._head_pass(rows, plans) if drafting else {}
         for i, seq in enumerate(rows):
             t0 = time.perf_counter()
-            if not drafting and not seq.reproducible:
+            if not drafting:
                 trees.append(DraftTree.root_only(seq.root, tgt.device))
                 draft_times.append(0.0)
                 continue
             cost, depth = plans[i]
-            req = DraftRequest(seq.context, seq.root, depth, seq.sampling, seq.noise,
-                               reproducible=seq.reproducible, cost=cost)
+            req = DraftRequest(seq.context, seq.root, depth, seq.sampling, seq.noise, cost=cost)
             tree = seq.drafter.propose(req).to(tgt.device)
             if tree.max_depth > req.max_depth:
                 raise RuntimeError(f"drafter {seq.drafter.name} proposed depth {tree.max_depth} > {req.max_depth}")

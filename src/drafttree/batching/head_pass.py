@@ -11,8 +11,7 @@ row's bar, the least acceptance at which any node pays this round). Each row's s
 into candidates: the top-k siblings at every level of its chain (:meth:`PreparedChain.candidates`).
 
 Whether the pass runs at all is a :class:`~drafttree.drafters.hybrid.Gate` per batch size: the head-only tokens
-the rows accepted against the pass's share of the round (measured; unseeded rows only, which depend on who else
-is in the batch anyway; seeded rows draft as they would alone).
+the rows accepted against the pass's share of the round (measured: timings steer drafting, never the output).
 """
 
 from __future__ import annotations

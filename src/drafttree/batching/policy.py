@@ -11,8 +11,7 @@ with drafts and of plain rounds (every row verifies its root only), the better u
 then. It is not the default because those measurements mislead on a CPU: rounds differ by what else happens in
 them (rows joining and leaving, the content of the rows) by more than the modes differ (with ``ar``, whose
 drafting rounds are plain rounds too, the two modes measured 25% apart), so it settled on the wrong mode in a
-steady load of 4 users where per-row budgets gained on plain decoding (docs/benchmark-notes.md). Seeded rows
-ignore any policy (their trees must not depend on the clock) and draft as they would alone.
+steady load of 4 users where per-row budgets gained on plain decoding (docs/benchmark-notes.md).
 """
 
 from __future__ import annotations

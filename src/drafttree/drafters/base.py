@@ -20,8 +20,6 @@ class DraftRequest:
     sampling: Sampling
     noise: object | None  # the generation's Gumbel noise (drafttree.noise.Noise): T > 0 drafters may read it
     info: dict = field(default_factory=dict)  # drafters may leave per-round notes (e.g. chosen depth)
-    # a seed was given: every drafting decision must come from counters and cached curves, never a clock
-    reproducible: bool = False
     # batched decoding: the verify cost charged to this row (a budget.BatchShare); None = the row is alone
     cost: object | None = None
 

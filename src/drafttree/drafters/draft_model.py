@@ -93,7 +93,7 @@ class DraftModelDrafter(Drafter):
         if int(k) <= 0:
             raise DraftTreeError(f"draft length must be > 0, got {k}")
         self.state = DraftLMState(draft_model, vocab_size)
-        self.level_cost = level_cost  # one draft forward, in target forwards (seeded runs model time with it)
+        self.level_cost = level_cost  # one draft forward, in target forwards
         self.target_vocab = vocab_size
         self.k, self.tree, self.top_k = int(k), tree, int(top_k)
         self.total_tokens = int(total_tokens)
@@ -117,11 +117,9 @@ class DraftModelDrafter(Drafter):
         if self.tree:  # deterministic top-k tree: point-mass candidates at any temperature
             if self.rounds is None:
                 return grow_dynamic_tree(stepper, req.root, k, self.top_k, self.total_tokens)
-            budget = self.rounds.start(req.reproducible, req.cost, len(req.context))
-            level = self.level_cost * self.rounds.base.verify(1) if req.reproducible else None  # never a clock
-            tree = grow_dynamic_tree(stepper, req.root, k, self.top_k, budget.max_total, budget=budget,
-                                     level_seconds=level)
-            self.rounds.record(budget, tree.expected_accept or 0.0, tree.size, tree.max_depth + 1, level)
+            budget = self.rounds.start(req.cost, len(req.context))
+            tree = grow_dynamic_tree(stepper, req.root, k, self.top_k, budget.max_total, budget=budget)
+            self.rounds.record(budget, tree.expected_accept or 0.0, tree.size)
             req.info.update(tree_tokens=tree.size, depth=tree.max_depth)
             return tree
         return grow_chain(stepper, req.root, k)

@@ -216,11 +216,9 @@ class DynamicTreeShape:
         stepper = coupled(drafter.state, req.sampling, req.noise, req.root_pos)
         if self.rounds is None:
             return grow_dynamic_tree(stepper, req.root, depth, self.top_k, self.total_tokens)
-        budget = self.rounds.start(req.reproducible, req.cost, len(req.context))
-        level = drafter.head.level_cost() * self.rounds.base.verify(1) if req.reproducible else None  # modelled
-        tree = grow_dynamic_tree(stepper, req.root, depth, self.top_k, budget.max_total, budget=budget,
-                                 level_seconds=level)
-        self.rounds.record(budget, tree.expected_accept or 0.0, tree.size, tree.max_depth + 1, level)
+        budget = self.rounds.start(req.cost, len(req.context))
+        tree = grow_dynamic_tree(stepper, req.root, depth, self.top_k, budget.max_total, budget=budget)
+        self.rounds.record(budget, tree.expected_accept or 0.0, tree.size)
         req.info.update(tree_tokens=tree.size, depth=tree.max_depth, calibration=round(budget.calibration, 3))
         return tree
 

@@ -9,11 +9,11 @@ expected to pay for its verification. After verification every verified node who
 updates its source's calibration cell, and a :class:`Gate` stops running a costly source while its own
 accepted tokens (those no other source proposed) do not pay for its drafting; when sampling, one more gate stops
 drafting at all (plain decoding rounds, with probes) while a round's accepted drafts do not pay for its drafting and
-the tree's extra verification, both in target steps (free text, where n-gram guesses are seldom drawn). No decision
-reads a clock:
-sizes come from the cached cost curve and counters, so a seeded run reproduces. The one exception is batched
-rounds of unseeded rows (seeded rows in a batch draft as if alone): there even the free sources' drafting time
-delays every row, and a :class:`Gate` on the row's measured drafting time stops rows whose drafts do not pay for it.
+the tree's extra verification, both in target steps (free text, where n-gram guesses are seldom drawn). Tree sizes
+come from the cached cost curve and counters (steadier than timings on a loaded machine); the drafting gate also
+reads the clock, which may only say drafting costs more than modelled. The output never depends on any of it
+(noise.py). In batched rounds even the free sources' drafting time delays
+every row, and a :class:`Gate` on the row's measured drafting time stops rows whose drafts do not pay for it.
 """
 
 from __future__ import annotations
@@ -28,8 +28,8 @@ from drafttree.sources.base import CandidateSource, Proposal, RoundContext
 from drafttree.tree import DraftTree
 
 # What a drafting round costs outside the sources' own counted work (the free sources' lookups, merging, sizing and
-# learning): seconds, modelled, not timed, so seeded runs reproduce. ~1 ms measured on a 2-core CPU (a T=1 profile
-# of the default: ~1.1 ms a round for n-grams + corpus + merge + learning).
+# learning): seconds, modelled, not timed, so gates do not sway with the machine's load. ~1 ms measured on a 2-core
+# CPU (a T=1 profile of the default: ~1.1 ms a round for n-grams + corpus + merge + learning).
 ROUND_SECONDS = 1.0e-3
 
 
@@ -183,17 +183,13 @@ class HybridDrafter(Drafter):
         self._fresh = True
         self.source_accepts = [0] * len(self.sources)
 
-    def _start_generation(self, reproducible: bool, greedy: bool = True) -> None:
-        """Pick the calibrations of this sampling mode. Seeded generations start from the priors (and so
-        reproduce); others keep what earlier generations learned, half-weighted so that a new kind of prompt
-        takes over quickly."""
+    def _start_generation(self, greedy: bool = True) -> None:
+        """Pick the calibrations of this sampling mode, keeping what earlier generations learned, half-weighted so
+        that a new kind of prompt takes over quickly (seeded or not: drafting never changes the output)."""
         for s, cal in zip(self.sources, self.calibrations["greedy" if greedy else "sampled"]):
             s.calibration = cal
-            if reproducible:
-                cal.reset()
-            else:
-                cal.hits.mul_(0.5)
-                cal.trials.mul_(0.5)
+            cal.hits.mul_(0.5)
+            cal.trials.mul_(0.5)
         self._fresh = False
 
     def _size(self, merged: MergedTree, spent: float, cost=None, context: int = 0) -> int:
@@ -221,13 +217,13 @@ class HybridDrafter(Drafter):
         for src in self.sources:
             if hasattr(src, "ready_state"):
                 if self._fresh:
-                    self._start_generation(False, greedy)
+                    self._start_generation(greedy)
                 return src, self._bar(cost)
         return None
 
     def propose(self, req: DraftRequest) -> DraftTree:
         if self._fresh:
-            self._start_generation(req.reproducible, req.sampling.greedy)
+            self._start_generation(req.sampling.greedy)
         if req.max_depth <= 0:
             return DraftTree.root_only(req.root)
         t0 = time.perf_counter()
@@ -245,10 +241,12 @@ class HybridDrafter(Drafter):
             req.info.update(tree_tokens=1, depth=0, sources=[], gated=True)
             return DraftTree.root_only(req.root)
         tree = self._propose(req)
-        if alone:  # the round's drafting in target steps: counted work, the modelled Python, the tree's extra verify
+        if alone:  # the round's drafting in target steps (counted work and modelled Python, or the clock where it
+            # says more: a loaded machine), plus the tree's extra verification
             cost = self.base_cost.at(len(req.context))
             v1 = cost.verify(1)
-            self._draft = (sit, self._spent + (self.round_seconds + cost.verify(tree.size) - v1) / v1)
+            drafting = max(self._spent * v1 + self.round_seconds, time.perf_counter() - t0)
+            self._draft = (sit, (drafting + cost.verify(tree.size) - v1) / v1)
         if batched:
             self._batch = (size, time.perf_counter() - t0, req.cost.verify(1), 1.0 + float(req.cost.extra_tokens))
         return tree

@@ -90,7 +90,7 @@ class EagleHead(nn.Module):
 
     def level_cost(self) -> float:
         """One drafting level's cost in target forwards: the bytes it reads (its layers and its LM-head rows)
-        over the target's. A model, not a measurement, so that seeded runs never depend on a clock."""
+        over the target's. A model, not a measurement, so that gates do not sway with the machine's load."""
         own = sum(p.numel() for p in self.parameters()) + self.draft_head_weight().numel()
         return own / max(1, self.target_params)
 

@@ -96,7 +96,7 @@ class Scheduler:
         gen = torch.Generator(device=sm.target.device)
         gen.manual_seed(job.seed if job.seed is not None else random.randrange(2**63))
         job.seq = Sequence(job.ids.to(sm.target.device), drafter, job.sampling, job.max_new_tokens,
-                           frozenset(sm.eos_ids), gen, job.seed is not None, tag=job)
+                           frozenset(sm.eos_ids), gen, tag=job)
         job.text = TextAssembler(sm.tokenizer, job.stops)
         self._deliver(job, self.decoder.add(job.seq))
 

@@ -4,7 +4,7 @@ A source proposes :class:`~drafttree.tree.Candidates` (tokens, parents, per-node
 accepted given the parent was) plus, per node, the calibration *cell* its estimate came from. After the
 target verifies the merged tree, every verified node whose parent was accepted is an observation of its
 cell (accepted or not), so the estimates follow what this target actually accepts, per source and depth.
-Everything here counts; nothing reads a clock, so a seeded run reproduces whatever the machine's load.
+Everything here counts; nothing reads a clock, so estimates do not sway with the machine's load.
 """
 
 from __future__ import annotations

@@ -1,9 +1,9 @@
-"""Calibration priors fitted offline: where each source's acceptance estimates start every generation.
+"""Calibration priors fitted offline: where each source's acceptance estimates start.
 
-Seeded generations start from these priors (so that they reproduce); unseeded ones keep learning across
-generations. Priors are fitted on the head's *training* prompts (never the benchmark tasks) by decoding
-with big trees and every gate open, so that every cell gets tested, then stored next to the head as
-``hybrid-priors.json``: per source, hits and trials per calibration cell.
+Every source's calibration starts from these priors and keeps learning across generations. Priors are fitted on the
+head's *training* prompts (never the benchmark tasks) by decoding with big trees and every gate open, so that every
+cell gets tested, then stored next to the head as ``hybrid-priors.json``: per source, hits and trials per calibration
+cell.
 """
 
 from __future__ import annotations
@@ -71,7 +71,7 @@ def fit_priors(model, prompts: list, max_new_tokens: int = 128, temperature: flo
     for i, p in enumerate(prompts):
         for cal in drafter.calibrations[mode]:  # a generation that never drafts must not count the last again
             cal.reset()
-        # seeded: each generation starts from the defaults, so its counts are its own
+        # each generation starts from the defaults (reset above), so its counts are its own
         model.generate(p, max_new_tokens=max_new_tokens, method="hybrid", method_options=dict(options),
                        temperature=temperature, seed=i)
         for s, cal in zip(drafter.sources, drafter.calibrations[mode]):
