@@ -57,6 +57,11 @@ class Gate:
         self.wait: dict[int, int] = {}
         self.since: dict[int, int] = {}
 
+    def rewind(self) -> None:
+        """A new generation: keep what the gate learned (a fresh start re-learns, at a cost, that a weak source does
+        not pay) but forget the waits, so that a closed situation is probed again soon."""
+        self.wait, self.since = {}, {}
+
     def pays(self, situation: int) -> bool:
         return self.gain[situation] > self.cost[situation] * self.base[situation]
 
@@ -173,9 +178,9 @@ class HybridDrafter(Drafter):
         for s in self.sources:
             s.begin(prompt, prefill_features, root)
         for g in self.gates:
-            g.reset()
-        self.batch_gate.reset()
-        self.draft_gate.reset()
+            g.rewind()
+        self.batch_gate.rewind()
+        self.draft_gate.rewind()
         self._batch = None
         self._draft = None
         self._last_accepted = 0
