@@ -32,7 +32,7 @@ SIZES = [1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 96]
 @dataclass
 class CostModel:
     sizes: list[int]
-    seconds: list[float]  # seconds of one target forward verifying N tokens (lower quartile of the timings)
+    seconds: list[float]  # seconds of one target forward verifying N tokens (the fastest of the timings)
     context: int = 0  # tokens of context the curve was measured on
     per_key: float = 0.0  # seconds each verified token adds per token of context (its attention over the keys)
 
@@ -120,8 +120,9 @@ def least_slope(cost, n_max: int) -> float:
     return _SLOPES[key]
 
 
-# bump when the verify path changes cost (2: grouped tree attention, 3: small-GEMM kernel, 4: cost per context token)
-CURVE_VERSION = "4"
+# bump when the verify path or the measurement changes (2: grouped tree attention, 3: small-GEMM kernel, 4: cost per
+# context token, 5: the fastest of paired timings instead of the median)
+CURVE_VERSION = "5"
 
 
 def _key(runner, name: str) -> str:
@@ -136,7 +137,7 @@ def _key(runner, name: str) -> str:
 
 def measure_verify_costs(runner, context: int = 256, reps: int = 7, sizes: list[int] | None = None,
                          show_progress: bool = False, long_context: int = 2048) -> CostModel:
-    """Time target forwards over chains of N tokens on a ``context``-token prefix (lower quartile of ``reps``), and what
+    """Time target forwards over chains of N tokens on a ``context``-token prefix (fastest of ``2 reps``), and what
     each verified token adds per token of context (32 tokens against 1, on ``context`` and on ``long_context``:
     a contrast of ~20 ms on a 2-core CPU, well above the timing noise)."""
     cm = _measure(runner, {"": contextlib.nullcontext}, context, reps, sizes, show_progress)[""]
@@ -188,17 +189,15 @@ def _measure(runner, modes: dict, context: int, reps: int, sizes: list[int] | No
                   leave=False):
         for n in sizes:  # interleaved, so a change in machine load hits every size (and mode) alike
             for name, mode in modes.items():
-                # each timed forward follows an untimed one of its own size, as in decoding, where sizes change
-                # little between rounds: after a bigger forward a one-token one measured 2-3 ms (15-20%) high
-                # (its temporaries evict the weights; a CPU may also still run at its wide-vector clock)
-                forward(n, mode)
-                times[name, n].append(forward(n, mode))
+                # two forwards of each size in a row, as in decoding, where sizes change little between rounds
+                times[name, n] += [forward(n, mode), forward(n, mode)]
     runner.discard_pending()
     curves = {}
     for name in modes:
-        # the lower quartile: a shared machine only ever adds time, and on this 2-core CPU one run in three or four
-        # had the median of its one-token forwards 2-3 ms (15-20%) high, making small trees look nearly free
-        secs = [sorted(times[name, n])[reps // 4] for n in sizes]
+        # the fastest: a shared machine only ever adds time. On this 2-core CPU (an L3 as big as the weights, shared)
+        # one run in three or four had most of its one-token forwards 2-3 ms (15-20%) slower than decoding's (median
+        # and lower quartile alike), which made small trees look nearly free; the fastest of 14 was within 0.5 ms
+        secs = [min(times[name, n]) for n in sizes]
         for i in range(1, len(secs)):  # enforce monotonicity (noise can make a bigger batch look cheaper)
             secs[i] = max(secs[i], secs[i - 1])
         curves[name] = CostModel(sizes, secs, context)
