@@ -173,6 +173,14 @@ def test_seeded_sampling_gives_plain_samplings_text_with_every_method(shipped, m
     assert shipped.generate(prompt, max_new_tokens=48, temperature=1.0, seed=10).tokens != plain
 
 
+def test_a_seeded_batch_gives_each_rows_plain_sampling_text(shipped):
+    """At T=1 row i of a batch (seed + i) is plain sampling's text with that seed, whoever shares its rounds."""
+    prompts = PROMPTS[:3]
+    rows = shipped.generate(prompts, max_new_tokens=32, temperature=1.0, seed=20)
+    for i, (p, row) in enumerate(zip(prompts, rows)):
+        assert row.tokens == shipped.generate(p, max_new_tokens=32, temperature=1.0, seed=20 + i, method="ar").tokens
+
+
 def test_oracle_chain_is_the_full_chain_cut_where_the_target_rejects(shipped):
     """The benchmark's oracle drafts exactly what an 8-token chain gets accepted, and re-derives its reference
     when the output leaves it (as a bf16 near-tie can make it), instead of drafting nothing from then on."""

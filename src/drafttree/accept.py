@@ -98,11 +98,13 @@ def nucleus(probs: torch.Tensor, top_p: float, first: int = 64) -> torch.Tensor:
     return out / out.sum()
 
 
-def sample_token(logits: torch.Tensor, sampling: Sampling, noise=None, pos: int = 0) -> int:
+def sample_token(logits: torch.Tensor, sampling: Sampling, noise=None, pos: int | None = None) -> int:
     """The target's token at sequence position ``pos`` from its logits there: the argmax at T = 0, else the argmax
-    of the warped logits plus the position's noise (a :class:`~drafttree.noise.Noise`)."""
+    of the warped logits plus the position's noise (a :class:`~drafttree.noise.Noise`; both required then)."""
     if sampling.greedy:
         return int(logits.argmax(-1).item())
+    if noise is None or pos is None:
+        raise ValueError("sampling at T > 0 needs the generation's noise and the token's position")
     z = warped_logits(logits, sampling)
     return int((z + noise.at(pos, z.device)[: z.shape[-1]]).argmax().item())
 
@@ -140,8 +142,7 @@ def accept_sampled(tree: DraftTree, logits: torch.Tensor, sampling: Sampling, no
         path.append(node)
 
 
-def accept(tree: DraftTree, logits: torch.Tensor, sampling: Sampling, noise=None,
-           pos: int = 0) -> tuple[list[int], int]:
+def accept(tree: DraftTree, logits: torch.Tensor, sampling: Sampling, noise, pos: int) -> tuple[list[int], int]:
     """Greedy or sampled acceptance; ``noise`` and ``pos`` (the root's position) matter only when sampling."""
     if sampling.greedy:
         return accept_greedy(tree, logits)

@@ -137,8 +137,8 @@ def _key(runner, name: str) -> str:
 
 def measure_verify_costs(runner, context: int = 256, reps: int = 7, sizes: list[int] | None = None,
                          show_progress: bool = False, long_context: int = 2048) -> CostModel:
-    """Time target forwards over chains of N tokens on a ``context``-token prefix (fastest of ``2 reps``), and what
-    each verified token adds per token of context (32 tokens against 1, on ``context`` and on ``long_context``:
+    """Time target forwards over chains of N tokens on a ``context``-token prefix (the fastest of 2 x ``reps``), and
+    what each verified token adds per token of context (32 tokens against 1, on ``context`` and on ``long_context``:
     a contrast of ~20 ms on a 2-core CPU, well above the timing noise)."""
     cm = _measure(runner, {"": contextlib.nullcontext}, context, reps, sizes, show_progress)[""]
     long_context = min(long_context, runner.max_positions // 2)

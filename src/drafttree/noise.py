@@ -4,10 +4,11 @@ The Gumbel-max trick: with g_i independent standard Gumbel variables, argmax_i (
 Here every *position* of a generation gets its own noise vector, a function of (seed, position) only, so the token
 the target samples at a position is argmax(log r + g_position), whatever was drafted: speculative decoding accepts a
 draft token when it equals that argmax (a greedy rule on perturbed logits), and the output is *the same text plain
-sampling gives with the same seed* (drafter-invariant speculative decoding; Daliri, Musco and Suresh 2024). Two
-consequences the project relies on: a seeded run reproduces whatever the drafters did (their calibrations, live
-timings and batch-mates may differ), and drafters may look at the noise to guess the target's sample
-(:class:`CoupledStepper`): at T > 0 a drafter then predicts the target's token, not its distribution.
+sampling gives with the same seed* (drafter-invariant speculative decoding; Daliri, Musco and Suresh 2024), wherever
+verifying a tree gives a row the logits one-token decoding gives it (float32; bf16 may differ at near-ties, as at
+T = 0). Two consequences the project relies on: a seeded run reproduces whatever the drafters did (their
+calibrations, live timings and batch-mates may differ), and drafters may look at the noise to guess the target's
+sample (:class:`CoupledStepper`): at T > 0 a drafter then predicts the target's token, not its distribution.
 """
 
 from __future__ import annotations
@@ -45,13 +46,14 @@ class Noise:
         return cls(int(seed), vocab)
 
     def at(self, pos: int, device: torch.device | None = None) -> torch.Tensor:
-        """The noise of position ``pos`` ([vocab]); a draft vocabulary with fewer rows reads its first entries."""
+        """The noise of position ``pos`` ([vocab], shared: never write to it); a draft vocabulary with fewer rows
+        reads its first entries. Blocks are regenerated from the seed when asked for again."""
         block, row = divmod(int(pos), BLOCK)
         if block not in self._blocks:
-            if len(self._blocks) > 8:  # a generation moves forward: keep the blocks around the current position
-                for b in [b for b in self._blocks if b < block - 1]:
+            if len(self._blocks) >= 3:  # a round reads at most ~2 blocks: keep the neighbours of this one
+                for b in [b for b in self._blocks if abs(b - block) > 1]:
                     del self._blocks[b]
-                self._on = {k: v for k, v in self._on.items() if k[0] // BLOCK >= block - 1}
+                self._on = {k: v for k, v in self._on.items() if abs(k[0] // BLOCK - block) <= 1}
             self._gen.manual_seed(_mix(self.seed ^ _mix(block)))
             u = torch.rand(BLOCK, self.vocab, generator=self._gen).clamp_(min=torch.finfo(torch.float32).tiny)
             self._blocks[block] = u.log_().neg_().log_().neg_()
@@ -70,7 +72,7 @@ class CoupledStepper:
     equals the target's sample as often as the two distributions agree; the tree builders rank by it unchanged."""
 
     def __init__(self, stepper, sampling: Sampling, noise: Noise, root_pos: int):
-        self.stepper, self.sampling, self.noise, self.root_pos = stepper, sampling, noise, int(root_pos)
+        self.stepper, self.sampling, self.noise, self._root_pos = stepper, sampling, noise, int(root_pos)
         self.vocab_ids = stepper.vocab_ids
 
     def _couple(self, lp: torch.Tensor, pos: int) -> torch.Tensor:
@@ -82,10 +84,10 @@ class CoupledStepper:
         return y.sub_(torch.logsumexp(y, dim=-1, keepdim=True))
 
     def root_logprobs(self) -> torch.Tensor:
-        return self._couple(self.stepper.root_logprobs(), self.root_pos + 1)
+        return self._couple(self.stepper.root_logprobs(), self._root_pos + 1)
 
     def expand(self, tokens, parent_slots, attend, depth: int) -> torch.Tensor:
-        return self._couple(self.stepper.expand(tokens, parent_slots, attend, depth), self.root_pos + depth + 1)
+        return self._couple(self.stepper.expand(tokens, parent_slots, attend, depth), self._root_pos + depth + 1)
 
     def __getattr__(self, name):
         return getattr(self.stepper, name)

@@ -82,7 +82,7 @@ class DraftTree:
         return DraftTree.chain(root, [], device)
 
     def children(self) -> list[list[int]]:
-        """Children of every node, in node order (the order siblings are tried at acceptance)."""
+        """Children of every node, in node order."""
         out: list[list[int]] = [[] for _ in range(self.size)]
         for i, p in enumerate(self.parents.tolist()):
             if p >= 0:

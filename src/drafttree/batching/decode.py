@@ -50,6 +50,7 @@ class Sequence:
     def _finish(self, reason: str) -> None:
         self.finished = True
         self.stats.finish_reason = reason
+        self.noise = None  # up to 3 blocks of 8 positions x the vocabulary: not kept for finished rows
 
 
 class BatchDecoder:
@@ -171,7 +172,8 @@ class BatchDecoder:
         t0 = time.perf_counter()
         outs = tgt.forward_trees(trees)
         t_verify = time.perf_counter() - t0
-        accepted = [accept(t, o.logits, s.sampling, s.noise, len(s.context) - 1) for s, t, o in zip(rows, trees, outs)]
+        accepted = [accept(t, o.logits, s.sampling, s.noise, len(s.context) - 1)  # the root's position
+                    for s, t, o in zip(rows, trees, outs)]
         tgt.commit([path for path, _ in accepted])
         results = []
         for seq, tree, out, (path, nxt), t_draft in zip(rows, trees, outs, accepted, draft_times):

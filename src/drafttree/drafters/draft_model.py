@@ -88,13 +88,11 @@ class DraftModelDrafter(Drafter):
     name = "draft"
 
     def __init__(self, draft_model: torch.nn.Module, vocab_size: int, k: int = 4, tree: bool = False,
-                 top_k: int = 4, total_tokens: int = 16, budget=None, level_cost: float = 0.3):
+                 top_k: int = 4, total_tokens: int = 16, budget=None):
         """``budget``: a TreeBudget sizing each tree (trees only); else ``total_tokens`` nodes are verified."""
         if int(k) <= 0:
             raise DraftTreeError(f"draft length must be > 0, got {k}")
         self.state = DraftLMState(draft_model, vocab_size)
-        self.level_cost = level_cost  # one draft forward, in target forwards
-        self.target_vocab = vocab_size
         self.k, self.tree, self.top_k = int(k), tree, int(top_k)
         self.total_tokens = int(total_tokens)
         self.rounds = BudgetRounds(budget) if budget is not None and tree else None
@@ -132,6 +130,5 @@ def make_draft_drafter(target, draft, o: DraftLMOptions) -> DraftModelDrafter:
 
     budget = make_budget(target, max_total=o.max_total) if o.tree and o.total_tokens == AUTO else None
     total = 16 if o.total_tokens == AUTO else o.total_tokens
-    level = param_count(draft.model) / max(1, param_count(target.model))
     return DraftModelDrafter(draft.model, target.vocab_size, k=o.depth, tree=o.tree, top_k=o.top_k,
-                             total_tokens=total, budget=budget, level_cost=level)
+                             total_tokens=total, budget=budget)

@@ -146,7 +146,10 @@ class HybridDrafter(Drafter):
         self.sources = list(sources)
         self.budget, self.total_tokens = budget, total_tokens
         self.base_cost = budget.cost if budget is not None else None  # batched rounds charge a share of it
-        self.gates = [Gate(enabled=gate and s.cost > 0) for s in self.sources]
+        # gates learn per sampling mode too (what pays at T=0 need not at T=1); _start_generation picks the set
+        self._gate_sets = {mode: ([Gate(enabled=gate and s.cost > 0) for s in self.sources], Gate(enabled=gate))
+                           for mode in ("greedy", "sampled")}
+        self.gates, self.batch_gate = self._gate_sets["greedy"]
         # acceptance differs between argmax (T=0) and sampling (a candidate is accepted with the target's
         # probability of it), so each mode has its own calibration per source, with its own fitted prior
         self.calibrations = {"greedy": [s.calibration for s in self.sources],
@@ -157,15 +160,14 @@ class HybridDrafter(Drafter):
         # the n-gram source alone and lost with the head); batched rounds use the free sources unless this is set
         self.costly_in_batches = costly_in_batches
         self.batch_pass = batch_pass  # ... or a batch pass drafts every row's head at once (batching/head_pass.py)
-        # in a batch, drafting at all must pay for its time (Python, ~0.35 ms a row: 15% of a 16-row round): the
-        # row's accepted drafts against the tokens the whole batch could have made in that time
-        self.batch_gate = Gate(enabled=gate)
+        # (``batch_gate``) in a batch, drafting at all must pay for its time (Python, ~0.35 ms a row: 15% of a 16-row
+        # round): the row's accepted drafts against the tokens the whole batch could have made in that time
         # alone and sampling, drafting at all must pay too: a round's accepted drafts against its drafting and the
         # tree's extra verification, in target steps, per situation (the last round accepted drafts or not); a closed
         # gate makes plain decoding rounds and probes every 4-16 of them
         self.draft_gate = Gate(probe=4, max_probe=16, decay=0.85, enabled=gate)
         self.round_seconds = ROUND_SECONDS
-        self._draft: tuple[int, float] | None = None  # (situation, modelled cost in steps) of this round's drafting
+        self._draft: tuple[int, float] | None = None  # (situation, cost in steps) of this round's drafting
         self._spent = 0.0
         self._last_accepted = 0
         self._batch: tuple | None = None  # (batch size bucket, drafting seconds, round forward seconds, tokens)
@@ -177,9 +179,9 @@ class HybridDrafter(Drafter):
     def begin(self, prompt: torch.Tensor, prefill_features: torch.Tensor, root: int) -> None:
         for s in self.sources:
             s.begin(prompt, prefill_features, root)
-        for g in self.gates:
-            g.rewind()
-        self.batch_gate.rewind()
+        for gates, batch_gate in self._gate_sets.values():
+            for g in [*gates, batch_gate]:
+                g.rewind()
         self.draft_gate.rewind()
         self._batch = None
         self._draft = None
@@ -189,9 +191,12 @@ class HybridDrafter(Drafter):
         self.source_accepts = [0] * len(self.sources)
 
     def _start_generation(self, greedy: bool = True) -> None:
-        """Pick the calibrations of this sampling mode, keeping what earlier generations learned, half-weighted so
-        that a new kind of prompt takes over quickly (seeded or not: drafting never changes the output)."""
-        for s, cal in zip(self.sources, self.calibrations["greedy" if greedy else "sampled"]):
+        """Pick the calibrations and gates of this sampling mode, keeping what earlier generations learned (the
+        calibrations half-weighted, so that a new kind of prompt takes over quickly; seeded or not: drafting never
+        changes the output)."""
+        mode = "greedy" if greedy else "sampled"
+        self.gates, self.batch_gate = self._gate_sets[mode]
+        for s, cal in zip(self.sources, self.calibrations[mode]):
             s.calibration = cal
             cal.hits.mul_(0.5)
             cal.trials.mul_(0.5)
@@ -217,7 +222,7 @@ class HybridDrafter(Drafter):
     def batch_head(self, cost, greedy: bool = True) -> tuple[object, float] | None:
         """In a batched round (``cost``: the row's BatchShare), the head source a batch pass may draft for, and the
         least acceptance that pays this round; None when this drafter has none or drafts it row by row."""
-        if self.costly_in_batches or not self.batch_pass:
+        if self.costly_in_batches or not self.batch_pass or not greedy:  # the pass drafts without the noise (T=0 only)
             return None
         for src in self.sources:
             if hasattr(src, "ready_state"):

@@ -34,7 +34,9 @@ class GenerationParams(BaseModel):
     top_p: float | None = Field(None, gt=0, le=1)
     top_k: int | None = Field(None, ge=0, description="0 = off")
     n: int | None = Field(None, ge=1, le=1, description="one completion per request")
-    seed: int | None = Field(None, description="reproducible sampling, whatever else the server is serving")
+    seed: int | None = Field(None, description="fixes each position's sample: the text of plain sampling with "
+                                                 "this seed, whatever else the server is serving (up to bf16 "
+                                                 "near-ties)")
     stop: Any = Field(None, description="a string or up to 16 strings that end the completion")
     stream: bool | None = Field(None, description="Server-Sent Events, one event per target forward")
     method: str | None = Field(None, description="drafting method (GET /v1/drafttree/methods); default: the server's")

@@ -212,9 +212,10 @@ class DraftLMSource(ExpandingSource):
         depth = min(self.depth, rc.max_depth) - len(chain)
         if not chain or depth <= 0:
             return base
-        return self._extend(base, chain, depth)
+        return self._extend(base, chain, depth, rc)
 
-    def _extend(self, base: Proposal, chain: list[tuple[int, float, float]], depth: int) -> Proposal:
+    def _extend(self, base: Proposal, chain: list[tuple[int, float, float]], depth: int,
+                rc: RoundContext) -> Proposal:
         """Draft ``depth`` more levels after ``chain`` (token, cond_logp, score per node, from the root): one
         draft forward reads the chain, then an EAGLE-2 expansion continues from its end. The chain's nodes come
         back with cell -1 (another source's guess: they teach this source's calibration nothing)."""
@@ -229,6 +230,8 @@ class DraftLMSource(ExpandingSource):
                                torch.tril(torch.ones(n, n, dtype=torch.bool)))
         root_lp = torch.log_softmax(out.logits[-1, : self.lm.vocab], dim=-1)
         stepper = _PrefixedStepper(lm, root_lp, self.lm.vocab, n)
+        if rc.sampling is not None:  # its root is the chain's last node, n deeper than the round's root
+            stepper = coupled(stepper, rc.sampling, rc.noise, len(rc.context) - 1 + n)
         cells: list[torch.Tensor] = []
 
         def calibrate(raw: torch.Tensor, d: int) -> torch.Tensor:
