@@ -529,8 +529,8 @@ def test_a_gate_keeps_what_it_learned_across_generations_but_probes_again_soon()
 
 
 def test_the_draft_gate_counts_the_clock_where_drafting_took_longer_than_modelled():
-    """A source whose drafting is modelled as free but takes a quarter of a step (a loaded machine, slow Python):
-    the clock's cost closes the draft gate where the model alone would keep drafting."""
+    """A source whose drafting is modelled as free but takes 1.5 steps (a loaded machine, slow Python): the clock's
+    cost closes the draft gate where the model alone would keep drafting."""
     import time as time_module
 
     from drafttree.budget import CostModel, TreeBudget
@@ -552,14 +552,13 @@ def test_the_draft_gate_counts_the_clock_where_drafting_took_longer_than_modelle
         hd.round_seconds = 0.0
         hd.begin(torch.tensor([1, 2]), torch.zeros(2, 4), 2)
         n = 0
-        for i in range(40):  # one draft in four accepted: 0.25 tokens a round
+        for _ in range(40):  # one draft accepted every round
             n += hd.propose(DraftRequest([1, 2, 2], 2, 8, Sampling(1.0), None)).size > 1
-            committed = [2, 3] if i % 4 == 0 else [2]
-            hd.observe(committed, torch.zeros(len(committed), 4), 7)
+            hd.observe([2, 3], torch.zeros(2, 4), 7)
         return n
 
     assert drafted(0.0) == 40
-    assert drafted(0.005) < 25, "drafting half a step for a quarter of a token must stop (with probes)"
+    assert drafted(0.015) < 25, "drafting 1.5 steps for one token a round must stop (with probes)"
 
 
 def test_the_draft_gate_is_an_option_of_the_composition():

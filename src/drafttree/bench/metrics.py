@@ -122,11 +122,13 @@ def task_metrics(method: str, task: str, recs: dict[tuple, dict], temperature: f
         out["time_split_fraction"] = {k: _round(v / wall if wall > 0 else 0.0, 4) for k, v in secs.items()}
     else:
         out["time_split"] = out["time_split_fraction"] = None
-    # losslessness against plain decoding (greedy only: sampled outputs of different methods differ)
+    # losslessness against plain decoding; when sampling, against our `ar` only and for our methods only: a prompt's
+    # seed is the same for every method, and it fixes every position's sample (noise.py), while transformers' own
+    # methods sample from their own random stream
     out["lossless_reference"] = reference
     out["identical_prompts"] = None
     out["divergences"] = None
-    if temperature == 0 and reference is not None:
+    if reference is not None and (temperature == 0 or (reference == "ar" and not method.startswith("hf-"))):
         ref = {k[2]: r for k, r in recs.items() if k[0] == reference and k[1] == task and _ok(r)}
         same, div = 0, []
         for q, r in ok.items():
@@ -196,7 +198,7 @@ def summarize_results(records: list[dict], methods: list[str], tasks: list[str],
         per = {t: task_metrics(m, t, recs, temperature, baseline, reference) for t in tasks}
         per[MEAN] = mean_over_tasks(per)
         results[m] = per
-    return {"baseline": baseline, "lossless_reference": reference if temperature == 0 else None,
+    return {"baseline": baseline, "lossless_reference": reference if temperature == 0 or reference == "ar" else None,
             "results": results}
 
 

@@ -181,6 +181,9 @@ def render_run(summary: dict, heading_level: int = 2, img_prefix: str = "", titl
         note = "" if c.get("dtype") == "float32" else (
             f" In {c.get('dtype')}, kernels that verify several tokens at once can round differently from one-token "
             "steps and flip near-ties; float32 is exact.")
+        if c.get("temperature", 0) > 0:
+            note += (" Sampling: every method gets the prompt's seed, which fixes each position's sample, so ours give "
+                     "`ar`'s text; `hf-*` sample from transformers' own random stream and are not compared.")
         out += [f"**Identical outputs** (prompts whose tokens equal `{ref}`'s, every turn){note}", "",
                 lossless_table(summary), ""]
         for m in summary["methods"]:
@@ -279,7 +282,8 @@ How to read these tables (the conventions of Spec-Bench and EAGLE's `speed.py`):
 - `hf-ar`, `hf-lookup`, `hf-assisted` are `transformers`' own `generate` (plain, prompt lookup with 10
   candidate tokens, assisted generation) run in the same process on the same loaded model.
 - **Identical outputs**: at T=0 the tokens of every turn are compared with plain decoding (`ar`, else
-  `hf-ar`); a lossless method matches on every prompt in float32.
+  `hf-ar`); a lossless method matches on every prompt in float32. At T>0 (since stop 38) our methods are compared
+  with our `ar`: a prompt's seed is the same for every method and fixes each position's sample.
 """
 
 
