@@ -74,3 +74,27 @@ def chi2_pvalue(counts: np.ndarray, probs: np.ndarray, min_expected: float = 5.0
         return 1.0
     stat = float(((c - e) ** 2 / np.maximum(e, 1e-12)).sum())
     return float(chi2.sf(stat, len(c) - 1))
+
+
+def reference_warp(logits: np.ndarray, s) -> np.ndarray:
+    """Temperature, top-k, top-p (a Sampling ``s``): written here without drafttree's code (rows of a 2-D array), for
+    the reference distributions of the sampling tests."""
+    z = logits.astype(np.float64) / s.temperature
+    if s.top_k:
+        kth = np.sort(z, axis=-1)[:, -s.top_k][:, None]
+        z = np.where(z >= kth, z, -np.inf)
+    p = np.exp(z - z.max(-1, keepdims=True))
+    p /= p.sum(-1, keepdims=True)
+    if s.top_p < 1.0:
+        out = np.zeros_like(p)
+        for r in range(p.shape[0]):
+            order = np.argsort(-p[r], kind="stable")
+            cum, keep = 0.0, []
+            for j in order:
+                keep.append(j)
+                cum += p[r, j]
+                if cum >= s.top_p:
+                    break
+            out[r, keep] = p[r, keep] / p[r, keep].sum()
+        p = out
+    return p

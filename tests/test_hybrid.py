@@ -19,7 +19,7 @@ from drafttree.drafters.hybrid import Gate, HybridDrafter, MergedTree
 from drafttree.sources.base import Calibration, Proposal, RoundContext
 from drafttree.sources.ngram import SuffixIndex
 from drafttree.tree import Candidates
-from tests.conftest import chi2_pvalue, tiny_causal_lm
+from tests.conftest import chi2_pvalue, reference_warp, tiny_causal_lm
 
 # ------------------------------------------------------------------------------------------ building blocks
 
@@ -252,29 +252,6 @@ def test_greedy_and_sampled_generations_learn_separate_calibrations():
 
 
 # --------------------------------------------------------------- T > 0: deep mixed-source trees are lossless
-
-
-def reference_warp(logits: np.ndarray, s: Sampling) -> np.ndarray:
-    """Temperature, top-k, top-p: written here without drafttree's code (rows of a 2-D array)."""
-    z = logits.astype(np.float64) / s.temperature
-    if s.top_k:
-        kth = np.sort(z, axis=-1)[:, -s.top_k][:, None]
-        z = np.where(z >= kth, z, -np.inf)
-    p = np.exp(z - z.max(-1, keepdims=True))
-    p /= p.sum(-1, keepdims=True)
-    if s.top_p < 1.0:
-        out = np.zeros_like(p)
-        for r in range(p.shape[0]):
-            order = np.argsort(-p[r], kind="stable")
-            cum, keep = 0.0, []
-            for j in order:
-                keep.append(j)
-                cum += p[r, j]
-                if cum >= s.top_p:
-                    break
-            out[r, keep] = p[r, keep] / p[r, keep].sum()
-        p = out
-    return p
 
 
 def exact_distribution(model, prompt: list[int], s: Sampling, vocab: int, length: int) -> np.ndarray:

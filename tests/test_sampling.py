@@ -18,7 +18,7 @@ import torch
 from drafttree.accept import Sampling, accept_sampled, sample_token
 from drafttree.noise import CoupledStepper, Noise
 from drafttree.tree import DraftTree
-from tests.conftest import chi2_pvalue, tiny_causal_lm
+from tests.conftest import chi2_pvalue, reference_warp, tiny_causal_lm
 
 V = 6
 
@@ -29,19 +29,8 @@ def bigram(seed: int, scale: float = 2.0) -> torch.Tensor:
 
 
 def reference(logits: torch.Tensor, s: Sampling) -> torch.Tensor:
-    """The warped distribution written out again (temperature, top-k, then the top-p prefix), for reference only."""
-    z = logits.double() / s.temperature
-    if s.top_k:
-        z = torch.where(z >= z.topk(s.top_k).values[-1], z, torch.tensor(float("-inf"), dtype=z.dtype))
-    p = torch.softmax(z, -1)
-    if s.top_p < 1.0:
-        order = p.argsort(descending=True)
-        before = p[order].cumsum(0) - p[order]
-        keep = torch.zeros_like(p, dtype=torch.bool)
-        keep[order[before < s.top_p]] = True
-        p = torch.where(keep, p, 0.0)
-        p = p / p.sum()
-    return p
+    """The warped distribution of one row, from the tests' own code (conftest.reference_warp)."""
+    return torch.from_numpy(reference_warp(logits.detach().double().numpy()[None], s)[0])
 
 
 def exact_two_tokens(P: torch.Tensor, root: int, s: Sampling) -> np.ndarray:

@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import torch
 
 from drafttree.accept import Sampling
 from drafttree.tree import DraftTree
+
+if TYPE_CHECKING:
+    from drafttree.noise import Noise
 
 
 @dataclass
@@ -18,7 +22,7 @@ class DraftRequest:
     root: int  # the last token: chosen by the target, not yet in its KV cache
     max_depth: int  # never propose deeper than this (remaining budget / context window)
     sampling: Sampling
-    noise: object | None  # the generation's Gumbel noise (drafttree.noise.Noise): T > 0 drafters may read it
+    noise: Noise | None  # the generation's Gumbel noise: T > 0 drafters may read it
     info: dict = field(default_factory=dict)  # drafters may leave per-round notes (e.g. chosen depth)
     # batched decoding: the verify cost charged to this row (a budget.BatchShare); None = the row is alone
     cost: object | None = None

@@ -10,12 +10,15 @@ Everything here counts; nothing reads a clock, so estimates do not sway with the
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import torch
 
 from drafttree.accept import Sampling
 from drafttree.tree import Candidates
+
+if TYPE_CHECKING:
+    from drafttree.noise import Noise
 
 
 class Calibration:
@@ -125,7 +128,12 @@ class RoundContext:
     earlier: list[Proposal]
     # no tree whose best first node is estimated below this can pay this round (a batch's bar); 0: no bar
     min_accept: float = 0.0
-    noise: object | None = None  # the generation's noise (drafttree.noise): model sources draft through it at T > 0
+    noise: Noise | None = None  # the generation's noise: model sources draft through it at T > 0
+
+    @property
+    def root_pos(self) -> int:
+        """The root's sequence position (``context`` ends with the root)."""
+        return len(self.context) - 1
 
 
 class CandidateSource(Protocol):

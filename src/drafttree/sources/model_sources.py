@@ -67,7 +67,7 @@ class ExpandingSource:
             return None
         stepper = self._stepper(rc)
         if rc.sampling is not None:
-            stepper = coupled(stepper, rc.sampling, rc.noise, len(rc.context) - 1)
+            stepper = coupled(stepper, rc.sampling, rc.noise, rc.root_pos)
         cells: list[torch.Tensor] = []
 
         def calibrate(raw: torch.Tensor, d: int) -> torch.Tensor:
@@ -231,7 +231,7 @@ class DraftLMSource(ExpandingSource):
         root_lp = torch.log_softmax(out.logits[-1, : self.lm.vocab], dim=-1)
         stepper = _PrefixedStepper(lm, root_lp, self.lm.vocab, n)
         if rc.sampling is not None:  # its root is the chain's last node, n deeper than the round's root
-            stepper = coupled(stepper, rc.sampling, rc.noise, len(rc.context) - 1 + n)
+            stepper = coupled(stepper, rc.sampling, rc.noise, rc.root_pos + n)
         cells: list[torch.Tensor] = []
 
         def calibrate(raw: torch.Tensor, d: int) -> torch.Tensor:
