@@ -112,6 +112,14 @@ def test_cli_json_compare(capsys):
     assert d["identical"] is True and d["new_tokens"] == 16
 
 
+def test_cli_compare_when_sampling_gives_plain_samplings_text(capsys):
+    """`--compare` at T > 0 without --seed runs both with one seed: the method's text is plain sampling's."""
+    rc, out, err = _cli(capsys, "generate", PROMPT, "--method", "lookup", "--dtype", "float32", "--temperature", "1",
+                        "--max-new-tokens", "16", "--json", "--compare")
+    assert rc == 0, err
+    assert json.loads(out)["identical"] is True
+
+
 @pytest.mark.parametrize("argv,msg", [
     (["generate", "hi", "--method", "nope"], "unknown method"),
     (["generate", ""], "empty prompt"),

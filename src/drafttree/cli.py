@@ -70,8 +70,13 @@ def cmd_generate(args) -> int:
         args.model, method=args.method, draft_model=args.draft_model, head=args.head or "auto",
         dtype=args.dtype, device=args.device, show_progress=not args.json, **_method_options(args),
     )
+    seed = args.seed
+    if args.compare and seed is None and args.temperature > 0:  # one seed for both runs: then plain sampling's text
+        import random  # is the reference, token for token (noise.py)
+
+        seed = random.randrange(2**31)
     kw = dict(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_p=args.top_p,
-              top_k=args.top_k, seed=args.seed, chat=not args.raw, stop=args.stop or None,
+              top_k=args.top_k, seed=seed, chat=not args.raw, stop=args.stop or None,
               record_rounds=args.verbose)
     if args.warmup:
         lm.generate(prompt, **{**kw, "max_new_tokens": min(8, args.max_new_tokens)})
@@ -312,7 +317,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--seed", type=int, default=None)
     g.add_argument("--stop", action="append", help="stop string (repeatable)")
     g.add_argument("--raw", action="store_true", help="do not apply the chat template")
-    g.add_argument("--compare", action="store_true", help="also run plain decoding; print speedup and agreement")
+    g.add_argument("--compare", action="store_true", help="also run plain decoding (with the same seed when sampling); print speedup and agreement")
     g.add_argument("--stream", action="store_true", help="print tokens as they are accepted")
     g.add_argument("--json", action="store_true", help="print one JSON object")
     g.add_argument("--tokens", action="store_true", help="with --json: include the token ids")
