@@ -317,7 +317,8 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--seed", type=int, default=None)
     g.add_argument("--stop", action="append", help="stop string (repeatable)")
     g.add_argument("--raw", action="store_true", help="do not apply the chat template")
-    g.add_argument("--compare", action="store_true", help="also run plain decoding (with the same seed when sampling); print speedup and agreement")
+    g.add_argument("--compare", action="store_true",
+                   help="also run plain decoding (with the same seed when sampling); print speedup and agreement")
     g.add_argument("--stream", action="store_true", help="print tokens as they are accepted")
     g.add_argument("--json", action="store_true", help="print one JSON object")
     g.add_argument("--tokens", action="store_true", help="with --json: include the token ids")
