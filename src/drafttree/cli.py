@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import random
 import sys
 import time
 from collections import Counter
@@ -72,9 +73,7 @@ def cmd_generate(args) -> int:
     )
     seed = args.seed
     if args.compare and seed is None and args.temperature > 0:  # one seed for both runs: then plain sampling's text
-        import random  # is the reference, token for token (noise.py)
-
-        seed = random.randrange(2**31)
+        seed = random.randrange(2**31)  # is the reference, token for token (noise.py)
     kw = dict(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_p=args.top_p,
               top_k=args.top_k, seed=seed, chat=not args.raw, stop=args.stop or None,
               record_rounds=args.verbose)
