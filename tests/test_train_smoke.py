@@ -184,6 +184,24 @@ def test_two_process_training_keeps_replicas_in_sync(pipeline):
     assert sorted(p.name for p in out.iterdir()) == ["checkpoint", "head", "summary.json"]
 
 
+def test_extra_features_train_but_are_never_held_out(pipeline, default_fp32, tmp_path):
+    import shutil
+
+    extra = tmp_path / "extra"
+    shutil.copytree(pipeline / "features", extra)
+    cfg = TrainConfig(features=str(pipeline / "features"), out=str(tmp_path / "run"), epochs=1, batch_tokens=256,
+                      draft_vocab=512, eval_samples=1, eval_every=0, save_every=0, ttt_steps=1, max_steps=1,
+                      mixed_precision="no", warmup_steps=1, extra_features=str(extra))
+    summary = train_head(default_fp32, cfg, show_progress=False)
+    assert summary["eval_samples"] == 1 and summary["train_samples"] == 5 + 6  # the extra samples train only
+    manifest = json.loads((extra / "manifest.json").read_text())
+    manifest["target"]["vocab_size"] += 1
+    (extra / "manifest.json").write_text(json.dumps(manifest))
+    cfg.out = str(tmp_path / "run2")
+    with pytest.raises(DraftTreeError, match="another target"):
+        train_head(default_fp32, cfg, show_progress=False)
+
+
 def test_held_out_split_can_be_kept_to_samples_an_earlier_head_never_saw():
     from drafttree.train.unroll import split_samples
 

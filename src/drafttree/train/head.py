@@ -88,6 +88,8 @@ class TrainConfig:
     init_head: str = _opt("", "continue this head (weights, architecture and draft vocabulary) on the features")
     eval_after: int = _opt(0, "draw the held-out conversations only from this sample index on (e.g. those an "
                               "--init-head never trained on)")
+    extra_features: str = _opt("", "another feature directory of the same target (e.g. sampled answers to the "
+                                   "training prompts) added to the training set only, never held out")
 
 
 # ------------------------------------------------------------------------------------ checkpointing
@@ -187,6 +189,19 @@ def _clock(progress: dict) -> dict:
             "processes": progress.get("processes", 1)}
 
 
+def _extra_samples(path: str, manifest: dict, with_aux: bool) -> list[dict]:
+    """Training-only samples from a second feature directory, which must match the first one's target and layers."""
+    extra_manifest, extra = load_feature_dir(path, with_aux=with_aux)
+    for key in ("hidden_size", "vocab_size"):
+        if extra_manifest["target"].get(key) != manifest["target"].get(key):
+            raise DraftTreeError(f"--extra-features {path} belongs to another target ({key} "
+                                 f"{extra_manifest['target'].get(key)} vs {manifest['target'].get(key)})")
+    if with_aux and extra_manifest.get("aux_layers") != manifest.get("aux_layers"):
+        raise DraftTreeError(f"--extra-features {path} holds aux layers {extra_manifest.get('aux_layers')}, "
+                             f"the features {manifest.get('aux_layers')}")
+    return extra
+
+
 def train_head(target, cfg: TrainConfig, resume: bool = False, show_progress: bool = True) -> dict:
     """Train a head for ``target`` (a LoadedModel) from ``cfg.features``; writes ``cfg.out``."""
     from accelerate import Accelerator
@@ -211,6 +226,8 @@ def train_head(target, cfg: TrainConfig, resume: bool = False, show_progress: bo
     train_set, eval_set = split_samples(samples, cfg.eval_samples, cfg.seed, cfg.eval_after)
     if not train_set:
         raise DraftTreeError("no training samples left after the held-out split")
+    if cfg.extra_features:
+        train_set = train_set + _extra_samples(cfg.extra_features, manifest, key == "aux")
     # a target on the CPU trains on the CPU (several processes: gloo); on GPUs each process takes its own
     acc = Accelerator(mixed_precision=cfg.mixed_precision, cpu=target.device.type == "cpu")
     dev = acc.device
