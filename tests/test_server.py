@@ -280,3 +280,17 @@ def test_serve_subcommand_is_registered():
 
     args = build_parser().parse_args(["serve", "--port", "0", "--method", "lookup", "--dtype", "float32"])
     assert args.port == 0 and args.method == "lookup" and args.host == "127.0.0.1" and callable(args.func)
+
+
+def test_other_commands_work_without_the_web_stack_and_serve_names_what_is_missing():
+    import subprocess
+    import sys
+
+    code = ("import sys\n"
+            "sys.modules['fastapi'] = None  # as if not installed\n"
+            "from drafttree.cli import build_parser, main\n"
+            "build_parser().parse_args(['train', '--features', 'f', '--out', 'o'])\n"
+            "sys.exit(main(['serve', '--port', '0']))\n")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2, r.stderr
+    assert "drafttree: error: drafttree serve needs fastapi" in r.stderr and "pip install" in r.stderr

@@ -184,17 +184,38 @@ def test_two_process_training_keeps_replicas_in_sync(pipeline):
     assert sorted(p.name for p in out.iterdir()) == ["checkpoint", "head", "summary.json"]
 
 
-def test_extra_features_train_but_are_never_held_out(pipeline, default_fp32, tmp_path):
+def test_extra_features_train_but_are_never_held_out(pipeline, default_fp32, tmp_path, monkeypatch):
     import shutil
+
+    import drafttree.train.head as head_mod
 
     extra = tmp_path / "extra"
     shutil.copytree(pipeline / "features", extra)
+    seen = []
+    real_split = head_mod.split_samples
+
+    def spy(samples, *args):
+        seen.append(len(samples))
+        return real_split(samples, *args)
+
+    monkeypatch.setattr(head_mod, "split_samples", spy)
     cfg = TrainConfig(features=str(pipeline / "features"), out=str(tmp_path / "run"), epochs=1, batch_tokens=256,
-                      draft_vocab=512, eval_samples=1, eval_every=0, save_every=0, ttt_steps=1, max_steps=1,
+                      draft_vocab=512, eval_samples=1, eval_every=0, save_every=1, ttt_steps=1, max_steps=1,
                       mixed_precision="no", warmup_steps=1, extra_features=str(extra))
     summary = train_head(default_fp32, cfg, show_progress=False)
-    assert summary["eval_samples"] == 1 and summary["train_samples"] == 5 + 6  # the extra samples train only
+    assert seen == [6], "the held-out split sees the --features samples only"
+    assert summary["eval_samples"] == 1 and summary["train_samples"] == 5 + 6 and summary["extra_samples"] == 6
+    cfg.max_steps = 2  # a resume may run longer, but not on other data
+    cfg.extra_features = ""
+    with pytest.raises(DraftTreeError, match="extra-features"):
+        train_head(default_fp32, cfg, resume=True, show_progress=False)
+    cfg.extra_features = str(extra)
+    assert train_head(default_fp32, cfg, resume=True, show_progress=False)["steps"] == 2
     manifest = json.loads((extra / "manifest.json").read_text())
+    (extra / "manifest.json").write_text(json.dumps({**manifest, "aux_layers": None}))
+    eagle3 = TrainConfig(**{**cfg.__dict__, "out": str(tmp_path / "run-e3"), "head_kind": "eagle3"})
+    with pytest.raises(DraftTreeError, match="no aux-layer features"):
+        train_head(default_fp32, eagle3, show_progress=False)
     manifest["target"]["vocab_size"] += 1
     (extra / "manifest.json").write_text(json.dumps(manifest))
     cfg.out = str(tmp_path / "run2")

@@ -406,9 +406,9 @@ def _extra_parsers():
         try:
             module = __import__(mod, fromlist=[fn])
         except ModuleNotFoundError as e:
-            if e.name != mod and (e.name or "").startswith("drafttree"):
+            if e.name != mod:
                 raise
-            continue  # its optional stack (e.g. the server's fastapi) is missing: the other commands still work
+            continue
         out.append(getattr(module, fn))
     return out
 

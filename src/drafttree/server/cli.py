@@ -10,7 +10,15 @@ from drafttree.errors import DraftTreeError
 
 def cmd_serve(args) -> int:
     import drafttree
-    from drafttree.server import create_app, serve
+    from drafttree.server import WEB_STACK
+
+    try:
+        from drafttree.server import create_app, serve
+    except ModuleNotFoundError as e:
+        if (e.name or "").split(".")[0] not in WEB_STACK:
+            raise
+        raise DraftTreeError(f"drafttree serve needs {e.name}, which is not installed: pip install fastapi "
+                             "uvicorn") from None
 
     if args.threads:
         import torch

@@ -89,7 +89,8 @@ class TrainConfig:
     eval_after: int = _opt(0, "draw the held-out conversations only from this sample index on (e.g. those an "
                               "--init-head never trained on)")
     extra_features: str = _opt("", "another feature directory of the same target (e.g. sampled answers to the "
-                                   "training prompts) added to the training set only, never held out")
+                                   "training prompts) added to the training set only, never held out; a new head's "
+                                   "draft vocabulary counts their tokens too")
 
 
 # ------------------------------------------------------------------------------------ checkpointing
@@ -191,15 +192,26 @@ def _clock(progress: dict) -> dict:
 
 def _extra_samples(path: str, manifest: dict, with_aux: bool) -> list[dict]:
     """Training-only samples from a second feature directory, which must match the first one's target and layers."""
-    extra_manifest, extra = load_feature_dir(path, with_aux=with_aux)
-    for key in ("hidden_size", "vocab_size"):
-        if extra_manifest["target"].get(key) != manifest["target"].get(key):
-            raise DraftTreeError(f"--extra-features {path} belongs to another target ({key} "
-                                 f"{extra_manifest['target'].get(key)} vs {manifest['target'].get(key)})")
+    man_path = Path(path) / "manifest.json"
+    if not man_path.exists():
+        raise DraftTreeError(f"--extra-features {path}: no manifest.json (run `drafttree data features`)")
+    extra_manifest = json.loads(man_path.read_text())  # checked before any shard is read
+    for key in ("name", "hidden_size", "vocab_size"):
+        theirs, ours = extra_manifest.get("target", {}).get(key), manifest["target"].get(key)
+        if theirs != ours:
+            raise DraftTreeError(f"--extra-features {path} belongs to another target ({key} {theirs}; "
+                                 f"--features has {ours})")
     if with_aux and extra_manifest.get("aux_layers") != manifest.get("aux_layers"):
-        raise DraftTreeError(f"--extra-features {path} holds aux layers {extra_manifest.get('aux_layers')}, "
-                             f"the features {manifest.get('aux_layers')}")
-    return extra
+        layers = ",".join(map(str, manifest["aux_layers"]))
+        held = extra_manifest.get("aux_layers") or "no aux-layer features"
+        raise DraftTreeError(f"--extra-features {path} holds {held}, --features holds layers {layers}: re-extract "
+                             f"it with `drafttree data features --aux-layers {layers}`")
+    return load_feature_dir(path, with_aux=with_aux)[1]
+
+
+# options that decide the samples, batches and head: a resumed run must keep them (--epochs/--max-steps may grow)
+_RESUME_FIXED = ("features", "extra_features", "eval_samples", "eval_after", "seed", "head_kind", "draft_vocab",
+                 "batch_tokens", "max_len", "init_head", "num_layers")
 
 
 def train_head(target, cfg: TrainConfig, resume: bool = False, show_progress: bool = True) -> dict:
@@ -226,8 +238,10 @@ def train_head(target, cfg: TrainConfig, resume: bool = False, show_progress: bo
     train_set, eval_set = split_samples(samples, cfg.eval_samples, cfg.seed, cfg.eval_after)
     if not train_set:
         raise DraftTreeError("no training samples left after the held-out split")
+    n_extra = 0
     if cfg.extra_features:
-        train_set = train_set + _extra_samples(cfg.extra_features, manifest, key == "aux")
+        extra = _extra_samples(cfg.extra_features, manifest, key == "aux")
+        train_set, n_extra = train_set + extra, len(extra)
     # a target on the CPU trains on the CPU (several processes: gloo); on GPUs each process takes its own
     acc = Accelerator(mixed_precision=cfg.mixed_precision, cpu=target.device.type == "cpu")
     dev = acc.device
@@ -258,6 +272,12 @@ def train_head(target, cfg: TrainConfig, resume: bool = False, show_progress: bo
                 "tokens": 0}
     if resume and (ckpt / "progress.json").exists():
         progress = _load_checkpoint(ckpt, raw, opt)
+        was = progress.get("config", {})
+        changed = [k for k in _RESUME_FIXED if k in was and was[k] != getattr(cfg, k)]
+        if changed:
+            flags = ", ".join("--" + k.replace("_", "-") for k in changed)
+            raise DraftTreeError(f"{out} was started with other {flags} ({', '.join(repr(was[k]) for k in changed)}):"
+                                 " resume with the same options, or pick another --out")
         if acc.is_main_process:
             print(f"[drafttree] resuming at epoch {progress['epoch']} batch {progress['batch']} "
                   f"(step {progress['step']})", flush=True)
@@ -276,7 +296,7 @@ def train_head(target, cfg: TrainConfig, resume: bool = False, show_progress: bo
     t_start = time.time() - progress["seconds"]
     bar = tqdm(total=total_steps, initial=progress["step"], desc="train head", unit="step",
                disable=not (show_progress and acc.is_main_process))
-    info = {"train_samples": len(train_set), "eval_samples": len(eval_set),
+    info = {"train_samples": len(train_set), "eval_samples": len(eval_set), "extra_samples": n_extra,
             "train_loss_tokens": int(sum(int(s["loss_mask"].sum()) for s in train_set)),
             "draft_vocab": 0 if draft_vocab is None else int(draft_vocab.numel()),
             "draft_vocab_coverage": round(coverage, 4)}
