@@ -129,10 +129,12 @@ class PeakedStepper:
 
     vocab_ids = None
 
-    def __init__(self, top: float, vocab: int = 20):
-        rest = (1 - top) / (vocab - 1)
+    def __init__(self, top: float, vocab: int = 20, second: float = 0.0):
+        rest = (1 - top - second) / (vocab - (2 if second else 1))
         row = torch.full((vocab,), rest)
         row[0] = top
+        if second:  # an unsure drafter: two guesses share the mass
+            row[1] = second
         self.table = torch.stack([row.roll(i) for i in range(vocab)]).log()
         self.widths: list[int] = []
 
@@ -144,10 +146,12 @@ class PeakedStepper:
         return self.table[tokens]
 
 
-@pytest.mark.parametrize("top, cost, chain", [(0.95, 0.3, True), (0.95, 0.001, False), (0.4, 0.02, False)])
-def test_a_costly_source_drafts_a_chain_where_its_top_guess_carries_the_mass(top, cost, chain):
-    """Each level is drafted at the width that pays on the cost curve: width 1 for a costly, confident
-    drafter, wider for a cheap one or an unsure one (whose second guesses are worth drafting below)."""
+@pytest.mark.parametrize("top, second, cost, chain", [(0.95, 0.0, 0.15, True), (0.95, 0.0, 0.001, True),
+                                                     (0.5, 0.45, 0.02, False), (0.5, 0.45, 0.001, False)])
+def test_a_costly_source_drafts_a_chain_where_its_top_guess_carries_the_mass(top, second, cost, chain):
+    """Each level is drafted at the width that pays on the cost curve: width 1 for a confident drafter, however
+    cheap (the children of its unlikely second guesses would cost more to verify than they bring), wider for an
+    unsure one (whose second guesses are worth drafting below)."""
     from drafttree.sources.model_sources import ExpandingSource
 
     class Source(ExpandingSource):
@@ -156,12 +160,43 @@ def test_a_costly_source_drafts_a_chain_where_its_top_guess_carries_the_mass(top
 
     curve = lambda n: 1.0 + 0.05 * (n - 1)  # noqa: E731 (8 tokens cost 1.35 single ones, as on a CPU)
     src = Source(top_k=4, depth=6, max_total=32, cost_curve=curve)
-    src.cost, src.stepper = cost, PeakedStepper(top)
+    src.cost, src.stepper = cost, PeakedStepper(top, second=second)
     prop = src.propose(RoundContext([1, 3], 3, 6, Sampling(), []), 0)
     widths = src.stepper.widths
     assert widths, "a likely next level must be drafted"
     assert (max(widths) == 1) == chain, widths
     assert prop.spent == pytest.approx(cost + sum(cost * curve(w) for w in widths))
+
+
+@pytest.mark.parametrize("rule, drafted", [("best", False), ("all", True)])
+def test_a_deeper_level_must_beat_the_best_tree_not_every_candidate(rule, drafted):
+    """A level that costs 0.3 forwards for ~0.37 expected tokens does not pay against the best tree now (the root and
+    its likely child: ~1.3 tokens per forward); weighed against the tree of all four candidates (three near-certain
+    misses verified too), the old rule's, it looked as if it did."""
+    from drafttree.sources.model_sources import ExpandingSource
+
+    class Source(ExpandingSource):
+        def _stepper(self, rc):
+            return self.stepper
+
+    curve = lambda n: 1.0 + 0.05 * (n - 1)  # noqa: E731
+    src = Source(top_k=4, depth=6, max_total=32, cost_curve=curve, prune_against=rule)
+    src.cost, src.stepper = 0.3, PeakedStepper(0.95)
+    src.propose(RoundContext([1, 3], 3, 6, Sampling(), []), 0)
+    assert bool(src.stepper.widths) == drafted, src.stepper.widths
+
+
+def test_best_tree_picks_the_prefix_with_the_best_rate():
+    from drafttree.budget import CostModel, best_tree
+
+    cost = CostModel([1, 2, 4, 8], [1.0, 1.1, 1.3, 1.7])
+    scores = torch.tensor([0.9, 0.5, 0.01, 0.01, 0.01]).log()
+    n, e, t = best_tree(scores, 0.0, cost, 63)
+    rates = [(1 + float(scores[:k].exp().sum())) / cost.verify(k + 1) for k in range(6)]
+    assert n == max(range(6), key=rates.__getitem__) == 2
+    assert e == pytest.approx(2.4) and t == pytest.approx(cost.verify(3))
+    assert best_tree(scores, 0.0, cost, 63, rule="all")[0] == 5
+    assert best_tree(scores, 0.0, cost, 3)[0] == 2  # at most max_nodes candidates
 
 
 class ConstantSource:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from drafttree.budget import check_prune_rule
 from drafttree.drafters.draft_model import param_count
 from drafttree.drafters.hybrid import HybridDrafter, SwitchDrafter
 from drafttree.drafters.options import AUTO, DraftLMOptions, HybridOptions, SwitchOptions, parse_options
@@ -10,6 +11,16 @@ from drafttree.sources.model_sources import DraftLMSource, HeadSource
 from drafttree.sources.ngram import NgramSource
 
 SOURCE_NAMES = ("ngram", "corpus", "head", "draft")
+
+
+class RelativeCost:
+    """A verify-cost curve in units of its one-token cost (what sources weigh their levels against)."""
+
+    def __init__(self, cost):
+        self.cost = cost
+
+    def __call__(self, n: int) -> float:
+        return self.cost.verify(n) / self.cost.verify(1)
 
 
 def make_hybrid(target, draft=None, head=None, o: HybridOptions | None = None) -> HybridDrafter:
@@ -21,9 +32,11 @@ def make_hybrid(target, draft=None, head=None, o: HybridOptions | None = None) -
     bad = [w for w in wanted if w not in SOURCE_NAMES]
     if bad:
         raise DraftTreeError(f"unknown source(s) {', '.join(bad)}; choose from {'+'.join(SOURCE_NAMES)}")
+    check_prune_rule(o.prune_against)
     budget = make_budget(target, max_total=o.max_total, min_total=1) if o.total_tokens == AUTO else None
-    curve = None if budget is None else (lambda n, c=budget.cost: c.verify(n) / c.verify(1))
-    model_kw = dict(top_k=o.top_k, depth=o.depth, max_total=o.max_total, cost_curve=curve)
+    curve = None if budget is None else RelativeCost(budget.cost)
+    model_kw = dict(top_k=o.top_k, depth=o.depth, max_total=o.max_total, cost_curve=curve,
+                    prune_against=o.prune_against)
     sources = []
     if "ngram" in wanted:
         sources.append(NgramSource(max_ngram=o.max_ngram, num_tokens=o.num_tokens, max_candidates=o.max_candidates))

@@ -14,7 +14,7 @@ from typing import NamedTuple
 import torch
 
 from drafttree.attention import grouped_attention
-from drafttree.budget import BudgetRounds, TreeBudget, cost_model_for
+from drafttree.budget import BudgetRounds, TreeBudget, check_prune_rule, cost_model_for
 from drafttree.cache import GrowingCache
 from drafttree.drafters.base import Drafter, DraftRequest
 from drafttree.drafters.length_policies import (
@@ -258,12 +258,12 @@ class EagleDrafter(Drafter):
 # -- methods: a shape and a length policy each ---------------------------------------------------------------
 
 
-def make_budget(target, max_total: int = 64, min_total: int = 2) -> TreeBudget:
+def make_budget(target, max_total: int = 64, min_total: int = 2, prune_against: str = "best") -> TreeBudget:
     """A TreeBudget with this machine's verify-cost curve for ``target`` (measured on first use, then cached)."""
     from drafttree.target import TargetModel
 
     return TreeBudget(cost_model_for(TargetModel(target.model), target.name), max_total=max_total,
-                      min_total=min_total)
+                      min_total=min_total, prune_against=check_prune_rule(prune_against))
 
 
 CHAIN_MAX = 8  # k_max of the adaptive chain policies
@@ -286,7 +286,8 @@ def _predictor(head: EagleHead, o: EagleOptions) -> LengthPredictor:
 
 def _dynamic(target, o: EagleOptions) -> DynamicTreeShape:
     if o.total_tokens == AUTO:
-        return DynamicTreeShape(o.top_k, budget=make_budget(target, max_total=o.max_total))
+        return DynamicTreeShape(o.top_k, budget=make_budget(target, max_total=o.max_total,
+                                                            prune_against=o.prune_against))
     return DynamicTreeShape(o.top_k, total_tokens=o.total_tokens)
 
 

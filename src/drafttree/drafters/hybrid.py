@@ -169,6 +169,7 @@ class HybridDrafter(Drafter):
         self.round_seconds = ROUND_SECONDS
         self._draft: tuple[int, float] | None = None  # (situation, cost in steps) of this round's drafting
         self._spent = 0.0
+        self._catch_up = (0.0, 0.0)  # this round's catch-up (target steps, seconds), see Proposal.catch_up
         self._last_accepted = 0
         self._batch: tuple | None = None  # (batch size bucket, drafting seconds, round forward seconds, tokens)
         self.last_alone: dict[int, int] = {}  # per source (id): accepted tokens last round no other source proposed
@@ -255,7 +256,8 @@ class HybridDrafter(Drafter):
             # says more: a loaded machine), plus the tree's extra verification
             cost = self.base_cost.at(len(req.context))
             v1 = cost.verify(1)
-            drafting = max(self._spent * v1 + self.round_seconds, time.perf_counter() - t0)
+            steps, seconds = self._catch_up
+            drafting = max((self._spent - steps) * v1 + self.round_seconds, time.perf_counter() - t0 - seconds)
             self._draft = (sit, (drafting + cost.verify(tree.size) - v1) / v1)
         if batched:
             self._batch = (size, time.perf_counter() - t0, req.cost.verify(1), 1.0 + float(req.cost.extra_tokens))
@@ -266,7 +268,7 @@ class HybridDrafter(Drafter):
         limit = self.total_tokens if self.total_tokens is not None else self.budget.max_total
         merged = MergedTree(req.root)
         ran: list[tuple[int, int, float]] = []  # (source, situation, cost) of the costly sources that drafted
-        spent = 0.0
+        spent, catch_up, catch_up_seconds = 0.0, 0.0, 0.0
         # in a batch drafting delays the whole round: its cost is counted in rounds, against every row's tokens
         scale, extra = 1.0, float(getattr(req.cost, "extra_tokens", 0.0))
         if req.cost is not None and self.base_cost is not None:
@@ -286,12 +288,16 @@ class HybridDrafter(Drafter):
                 else:
                     cost = (1 + (prop.cands.levels if prop is not None else 0)) * src.cost
                 spent += cost
-                ran.append((i, sit, cost * scale, extra))
+                steps = prop.catch_up if prop is not None else 0.0
+                catch_up += steps
+                catch_up_seconds += prop.catch_up_seconds if prop is not None else 0.0
+                ran.append((i, sit, (cost - steps) * scale, extra))  # the gates weigh a round without catch-up
             if prop is None:
                 continue
             rc.earlier.append(prop)
             merged.add(prop, limit)
         self._spent = spent  # the costly sources' drafting, in target steps (for the draft gate)
+        self._catch_up = (catch_up, catch_up_seconds)
         if len(merged.tokens) == 1:  # nothing proposed: plain decoding this round, nothing to learn from it
             self._round = (merged, [0], ran) if ran else None
             req.info.update(tree_tokens=1, depth=0, sources=[])

@@ -68,6 +68,11 @@ class Proposal:
     cands: Candidates
     cells: torch.Tensor  # [m] long
     spent: float | None = None  # drafting cost in target forwards, when the source knows it (else levels x cost)
+    # of ``spent``, what encoding the pairs committed while the source was not drafting cost beyond one round's: paid
+    # once after a closed gate, so gates weigh a round without it (else a probe after a long wait fails on its own
+    # backlog and keeps the gate closed); ``catch_up_seconds`` is the clock's part of it
+    catch_up: float = 0.0
+    catch_up_seconds: float = 0.0
 
     @property
     def expected(self) -> float:

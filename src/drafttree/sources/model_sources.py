@@ -11,9 +11,11 @@ The head's cache is synced lazily: rounds in which it does not draft only queue 
 from __future__ import annotations
 
 import math
+import time
 
 import torch
 
+from drafttree.budget import best_tree
 from drafttree.noise import coupled
 from drafttree.sources.base import Calibration, Proposal, RoundContext
 from drafttree.tree import Candidates
@@ -35,14 +37,30 @@ def prob_cells(raw_logp: torch.Tensor, depth: int) -> torch.Tensor:
     return (min(depth, DEPTHS) - 1) * (PROB_EDGES.numel() + 1) + bins
 
 
+class _RelativeCurve:
+    """The source's verify-cost curve (target forwards by tree size) as :func:`~drafttree.budget.best_tree` reads it:
+    the budget's own curve over its one-token cost where the source has one, else its ``verify``, size by size."""
+
+    def __init__(self, verify):
+        self.verify = verify
+        self.cost = getattr(verify, "cost", None)
+
+    def verify_many(self, ns: torch.Tensor) -> torch.Tensor:
+        if self.cost is not None:
+            return self.cost.verify_many(ns) / self.cost.verify(1)
+        return torch.tensor([self.verify(int(n)) for n in ns], dtype=torch.float64)
+
+
 class ExpandingSource:
     """Shared expansion logic; subclasses provide the stepper (``_stepper``) and the cost per level."""
 
     name = "model"
     cost = 0.25
 
-    def __init__(self, top_k: int = 8, depth: int = 8, max_total: int = 64, cost_curve=None):
+    def __init__(self, top_k: int = 8, depth: int = 8, max_total: int = 64, cost_curve=None,
+                 prune_against: str = "best"):
         self.top_k, self.depth, self.max_total = int(top_k), int(depth), int(max_total)
+        self.prune_against = prune_against  # what a deeper level must beat (budget.best_tree's rule)
         self.calibration = Calibration(prob_prior())
         self.cost_curve = cost_curve  # relative verify cost by tree size (target forwards), or None
 
@@ -52,6 +70,9 @@ class ExpandingSource:
 
     def _verify_cost(self, n: int) -> float:
         return 1.0 if self.cost_curve is None else self.cost_curve(n)
+
+    def _curve(self) -> _RelativeCurve:
+        return _RelativeCurve(self.cost_curve if self.cost_curve is not None else self._verify_cost)
 
     def level_cost(self, width: int) -> float:
         """One drafting call over ``width`` nodes, in target forwards: ``cost`` scaled by the target's own
@@ -93,16 +114,15 @@ class ExpandingSource:
 
         def deeper(scores: torch.Tensor, frontier: torch.Tensor) -> bool | int:
             scores = scores.cpu() + offset
-            allsc = torch.cat([scores, others.cpu()])
-            n = min(int(allsc.numel()), self.max_total - 1)
-            best = torch.sort(allsc, descending=True).values[:n]
-            e_now = 1.0 + float(best.exp().sum())
-            t_now = spent[0] + self._verify_cost(n + 1)
+            best = torch.sort(torch.cat([scores, others.cpu()]), descending=True).values
+            n, e_now, t_now = best_tree(best, spent[0], self._curve(), self.max_total - 1, rule=self.prune_against)
             rate_next = self.level_rate(len(cells) + 1 + depth_offset)
             gains = (scores[frontier.cpu()].exp().cumsum(0) * rate_next).tolist()
             width, ratio = 0, e_now / t_now
-            for w, gain in enumerate(gains, start=1):
-                r = (e_now + gain) / (t_now + self.level_cost(w))
+            v_now = self._verify_cost(n + 1)
+            for w, gain in enumerate(gains, start=1):  # w more nodes verified: the best child of each expanded one
+                joins = self._verify_cost(n + 1 + w) - v_now if self.prune_against == "best" else 0.0
+                r = (e_now + gain) / (t_now + self.level_cost(w) + joins)
                 if r > ratio:
                     width, ratio = w, r
             if width == 0:
@@ -158,11 +178,20 @@ class HeadSource(ExpandingSource):
         prep, self.prepared = self.prepared, None
         if prep is None:
             # the first call also encodes every pair committed since the head last drafted (one forward over them
-            # all): after a closed gate's long wait, more than a level's cost, which the gate must weigh
+            # all): after a closed gate's long wait more than a level's cost, which sizes this round's tree; what
+            # exceeds the last round's pairs is catch-up, which the gates do not hold against drafting
+            last = len(self.backlog[-1][1]) if self.backlog else 1
             pending = sum(len(ts) for _, ts in self.backlog) + self.state.queued_pairs
+            t0 = time.perf_counter()
+            self._sync()
+            self.state.flush()
+            flush_seconds = time.perf_counter() - t0
             prop = super().propose(rc, index)
             if prop is not None and prop.spent is not None and pending > 1:
                 prop.spent += self.level_cost(pending) - self.cost
+                if pending > last:
+                    prop.catch_up = self.level_cost(pending) - self.level_cost(last)
+                    prop.catch_up_seconds = flush_seconds * (1.0 - last / pending)
             return prop
         depth = min(self.depth, rc.max_depth)
         if depth <= 0:
