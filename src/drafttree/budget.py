@@ -104,8 +104,6 @@ class BatchShare:
         return self.base.verify_many(ns + self.others)
 
 
-_SLOPES: dict[tuple, float] = {}
-
 PRUNE_RULES = ("best", "all")
 
 
@@ -117,23 +115,42 @@ def check_prune_rule(rule: str) -> str:
     return rule
 
 
-def best_tree(sorted_scores: torch.Tensor, fixed: float, cost, max_nodes: int, scale: float = 1.0,
+def best_tree(sorted_scores: torch.Tensor | list[float], fixed: float, verify, max_nodes: int, scale: float = 1.0,
               extra: float = 0.0, rule: str = "best") -> tuple[int, float, float]:
     """The tree a round would verify now: of the root plus the ``n`` best candidates (scores best first), the ``n``
-    with the most expected tokens per unit of time. Returns (n, expected tokens, time); ``fixed`` is what the round
-    costs besides verification (drafting so far), ``scale`` the calibration of exp(score), ``extra`` tokens that come
-    whatever the tree (a batch's other rows). A deeper level must beat this tree, not the tree of every candidate
-    drafted so far: most of those (unlikely siblings; at T > 0 nearly all but the noise's top token) would never be
-    verified, so their verification must not make one more level look cheap. ``rule="all"``: the tree of every
-    candidate (the rule until stop 39, kept for side-by-side runs: it drafted ~20% slower on held-out prompts)."""
-    m = min(int(sorted_scores.numel()), max(0, max_nodes))
-    gains = (1.0 + extra) + scale * torch.cat([torch.zeros(1, dtype=torch.float64),
-                                               sorted_scores[:m].double().exp().cumsum(0)])
-    times = fixed + cost.verify_many(torch.arange(1, m + 2))
-    if rule == "all":
-        return m, float(gains[-1]), float(times[-1])
-    n = int(torch.argmax(gains / times))
-    return n, float(gains[n]), float(times[n])
+    with the most expected tokens per unit of time. Returns (n, expected tokens, time); ``verify(n)`` is the cost of
+    verifying n tokens, ``fixed`` what the round costs besides verification (drafting so far), ``scale`` the
+    calibration of exp(score), ``extra`` tokens that come whatever the tree (a batch's other rows). A deeper level
+    must beat this tree, not the tree of every candidate drafted so far: most of those (unlikely siblings; at T > 0
+    nearly all but the noise's top token) would never be verified, so their verification must not make one more
+    level look cheap. ``rule="all"``: the tree of every candidate (the rule until stop 39, kept for side-by-side
+    runs). Plain floats: it runs once per drafted level, on a few dozen candidates, where tensor ops cost more."""
+    if isinstance(sorted_scores, torch.Tensor):
+        sorted_scores = sorted_scores.tolist()
+    m = min(len(sorted_scores), max(0, max_nodes))
+    gains = 1.0 + extra
+    best = (0, gains, fixed + verify(1))
+    for i in range(m):
+        gains += scale * math.exp(sorted_scores[i])
+        t = fixed + verify(i + 2)
+        if rule == "all" or gains / t > best[1] / best[2]:
+            best = (i + 1, gains, t)
+    return best
+
+
+def joining(frontier_scores: list[float], sorted_scores: list[float], n: int) -> list[int]:
+    """Nodes a level adds to the verified tree when it expands the first w frontier nodes, for each w: a child of
+    each, plus each expanded node itself where it is not among the ``n`` best already (a child is verified only
+    under its parent)."""
+    bar = sorted_scores[n - 1] if n > 0 else math.inf
+    out, count = [], 0
+    for score in frontier_scores:
+        count += 1 + (score < bar)
+        out.append(count)
+    return out
+
+
+_SLOPES: dict[tuple, float] = {}
 
 
 def least_slope(cost, n_max: int) -> float:
@@ -298,11 +315,13 @@ class TreeBudget:
                      level_seconds: float) -> bool:
         """Expanding one more level adds at most c * sum(exp(frontier)) expected tokens for one more drafter
         call and a child of each frontier node to verify; go on only if that beats the best tree's rate now."""
-        n, e_now, t_now = best_tree(best_scores, draft_seconds + self.overhead, self.cost, self.max_total - 1,
+        best = best_scores.tolist()
+        n, e_now, t_now = best_tree(best, draft_seconds + self.overhead, self.cost.verify, self.max_total - 1,
                                     self.calibration, getattr(self.cost, "extra_tokens", 0.0), self.prune_against)
-        gain = self.calibration * float(frontier_scores.exp().sum())
-        # one child of each frontier node joins the tree ("all": none, as the old rule had it)
-        f = int(frontier_scores.numel()) if self.prune_against == "best" else 0
+        frontier = frontier_scores.tolist()
+        gain = self.calibration * sum(math.exp(f) for f in frontier)
+        # the nodes joining the tree ("all": none, as the old rule had it)
+        f = joining(frontier, best, n)[-1] if self.prune_against == "best" and frontier else 0
         t_next = t_now + level_seconds + self.cost.verify(n + 1 + f) - self.cost.verify(n + 1)
         return (e_now + gain) / t_next > e_now / t_now
 

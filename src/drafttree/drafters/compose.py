@@ -13,16 +13,6 @@ from drafttree.sources.ngram import NgramSource
 SOURCE_NAMES = ("ngram", "corpus", "head", "draft")
 
 
-class RelativeCost:
-    """A verify-cost curve in units of its one-token cost (what sources weigh their levels against)."""
-
-    def __init__(self, cost):
-        self.cost = cost
-
-    def __call__(self, n: int) -> float:
-        return self.cost.verify(n) / self.cost.verify(1)
-
-
 def make_hybrid(target, draft=None, head=None, o: HybridOptions | None = None) -> HybridDrafter:
     """n-grams + every loaded model source (EAGLE head, draft LM), merged into one tree per round."""
     from drafttree.drafters.eagle import make_budget
@@ -34,7 +24,7 @@ def make_hybrid(target, draft=None, head=None, o: HybridOptions | None = None) -
         raise DraftTreeError(f"unknown source(s) {', '.join(bad)}; choose from {'+'.join(SOURCE_NAMES)}")
     check_prune_rule(o.prune_against)
     budget = make_budget(target, max_total=o.max_total, min_total=1) if o.total_tokens == AUTO else None
-    curve = None if budget is None else RelativeCost(budget.cost)
+    curve = None if budget is None else (lambda n, c=budget.cost: c.verify(n) / c.verify(1))
     model_kw = dict(top_k=o.top_k, depth=o.depth, max_total=o.max_total, cost_curve=curve,
                     prune_against=o.prune_against)
     sources = []

@@ -310,5 +310,6 @@ def make_eagle_drafter(method: str, target, head: EagleHead, options: EagleOptio
         raise DraftTreeError(f"unknown EAGLE method {method!r}; choose one of {', '.join(EAGLE_METHODS)}")
     o = options if isinstance(options, EagleOptions) else parse_options(EagleOptions, method, {**(options or {}),
                                                                                               **kw})
+    check_prune_rule(o.prune_against)
     shape, length = EAGLE_METHODS[method](target, head, o)
     return EagleDrafter(head, shape, length, name=method)

@@ -267,7 +267,7 @@ class HybridDrafter(Drafter):
         rc = RoundContext(req.context, req.root, req.max_depth, req.sampling, [], self._bar(req.cost), req.noise)
         limit = self.total_tokens if self.total_tokens is not None else self.budget.max_total
         merged = MergedTree(req.root)
-        ran: list[tuple[int, int, float]] = []  # (source, situation, cost) of the costly sources that drafted
+        ran: list[tuple[int, int, float, float]] = []  # (source, situation, cost, extra) of costly sources that ran
         spent, catch_up, catch_up_seconds = 0.0, 0.0, 0.0
         # in a batch drafting delays the whole round: its cost is counted in rounds, against every row's tokens
         scale, extra = 1.0, float(getattr(req.cost, "extra_tokens", 0.0))

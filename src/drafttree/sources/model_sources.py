@@ -4,7 +4,8 @@ Both expand EAGLE-2 style (:func:`~drafttree.tree.expand_candidates`): the ``top
 depth, their ``top_k`` children each. The drafter's probability of a token goes through a calibration
 table (probability bin x depth) learned online, so a weak head's 0.9 is read as what it is worth for this
 target. A level is drafted only while the frontier's expected accepted tokens pay for one more drafter
-call at the current rate (costs in units of one target forward, from parameter counts: no clock).
+call and the nodes it adds, against the best tree the round could verify now (costs in units of one target
+forward, from parameter counts and the verify-cost curve; only the head's catch-up is also timed, for the gates).
 The head's cache is synced lazily: rounds in which it does not draft only queue the target's features.
 """
 
@@ -15,7 +16,7 @@ import time
 
 import torch
 
-from drafttree.budget import best_tree
+from drafttree.budget import best_tree, joining
 from drafttree.noise import coupled
 from drafttree.sources.base import Calibration, Proposal, RoundContext
 from drafttree.tree import Candidates
@@ -37,20 +38,6 @@ def prob_cells(raw_logp: torch.Tensor, depth: int) -> torch.Tensor:
     return (min(depth, DEPTHS) - 1) * (PROB_EDGES.numel() + 1) + bins
 
 
-class _RelativeCurve:
-    """The source's verify-cost curve (target forwards by tree size) as :func:`~drafttree.budget.best_tree` reads it:
-    the budget's own curve over its one-token cost where the source has one, else its ``verify``, size by size."""
-
-    def __init__(self, verify):
-        self.verify = verify
-        self.cost = getattr(verify, "cost", None)
-
-    def verify_many(self, ns: torch.Tensor) -> torch.Tensor:
-        if self.cost is not None:
-            return self.cost.verify_many(ns) / self.cost.verify(1)
-        return torch.tensor([self.verify(int(n)) for n in ns], dtype=torch.float64)
-
-
 class ExpandingSource:
     """Shared expansion logic; subclasses provide the stepper (``_stepper``) and the cost per level."""
 
@@ -70,9 +57,6 @@ class ExpandingSource:
 
     def _verify_cost(self, n: int) -> float:
         return 1.0 if self.cost_curve is None else self.cost_curve(n)
-
-    def _curve(self) -> _RelativeCurve:
-        return _RelativeCurve(self.cost_curve if self.cost_curve is not None else self._verify_cost)
 
     def level_cost(self, width: int) -> float:
         """One drafting call over ``width`` nodes, in target forwards: ``cost`` scaled by the target's own
@@ -114,15 +98,17 @@ class ExpandingSource:
 
         def deeper(scores: torch.Tensor, frontier: torch.Tensor) -> bool | int:
             scores = scores.cpu() + offset
-            best = torch.sort(torch.cat([scores, others.cpu()]), descending=True).values
-            n, e_now, t_now = best_tree(best, spent[0], self._curve(), self.max_total - 1, rule=self.prune_against)
+            best = torch.sort(torch.cat([scores, others.cpu()]), descending=True).values.tolist()
+            n, e_now, t_now = best_tree(best, spent[0], self._verify_cost, self.max_total - 1, rule=self.prune_against)
             rate_next = self.level_rate(len(cells) + 1 + depth_offset)
-            gains = (scores[frontier.cpu()].exp().cumsum(0) * rate_next).tolist()
+            front = scores[frontier.cpu()]
+            gains = (front.exp().cumsum(0) * rate_next).tolist()
             width, ratio = 0, e_now / t_now
             v_now = self._verify_cost(n + 1)
-            for w, gain in enumerate(gains, start=1):  # w more nodes verified: the best child of each expanded one
-                joins = self._verify_cost(n + 1 + w) - v_now if self.prune_against == "best" else 0.0
-                r = (e_now + gain) / (t_now + self.level_cost(w) + joins)
+            # the nodes expanding w frontier nodes adds to the verified tree (the old rule, "all": none counted)
+            joins = joining(front.tolist(), best, n) if self.prune_against == "best" else [0] * len(gains)
+            for w, (gain, j) in enumerate(zip(gains, joins), start=1):
+                r = (e_now + gain) / (t_now + self.level_cost(w) + self._verify_cost(n + 1 + j) - v_now)
                 if r > ratio:
                     width, ratio = w, r
             if width == 0:
@@ -156,6 +142,7 @@ class HeadSource(ExpandingSource):
         self.state = EagleState(head)
         self.cost = head.level_cost()  # one level reads the head's layers and its LM-head rows
         self.backlog: list[tuple[torch.Tensor, list[int]]] = []
+        self.last_pairs = 1
         self.prepared = None  # this round's chain from a batch pass (batching/head_pass.py), if one ran
 
     def begin(self, prompt: torch.Tensor, prefill_features: torch.Tensor, root: int) -> None:
@@ -163,9 +150,11 @@ class HeadSource(ExpandingSource):
         ids = prompt.reshape(-1).tolist()
         self.backlog = [(prefill_features, ids[1:] + [root])]
         self.prepared = None
+        self.last_pairs = 1  # pairs the last round committed (what a head drafting every round encodes a round)
 
     def observe(self, committed: list[int], features: torch.Tensor, next_root: int) -> None:
         self.backlog.append((features, committed[1:] + [next_root]))
+        self.last_pairs = len(committed)
         self.prepared = None
 
     def ready_state(self):
@@ -180,18 +169,21 @@ class HeadSource(ExpandingSource):
             # the first call also encodes every pair committed since the head last drafted (one forward over them
             # all): after a closed gate's long wait more than a level's cost, which sizes this round's tree; what
             # exceeds the last round's pairs is catch-up, which the gates do not hold against drafting
-            last = len(self.backlog[-1][1]) if self.backlog else 1
+            last = self.last_pairs  # a round's own pairs (the prompt's, before the first round, are catch-up)
             pending = sum(len(ts) for _, ts in self.backlog) + self.state.queued_pairs
             t0 = time.perf_counter()
             self._sync()
             self.state.flush()
+            weights = self.head.fc.weight
+            if weights.device.type == "cuda":
+                torch.cuda.synchronize(weights.device)
             flush_seconds = time.perf_counter() - t0
             prop = super().propose(rc, index)
             if prop is not None and prop.spent is not None and pending > 1:
                 prop.spent += self.level_cost(pending) - self.cost
                 if pending > last:
                     prop.catch_up = self.level_cost(pending) - self.level_cost(last)
-                    prop.catch_up_seconds = flush_seconds * (1.0 - last / pending)
+                    prop.catch_up_seconds = flush_seconds * prop.catch_up / self.level_cost(pending)
             return prop
         depth = min(self.depth, rc.max_depth)
         if depth <= 0:
@@ -268,7 +260,7 @@ class DraftLMSource(ExpandingSource):
             cells.append(c)
             return self.calibration.logp(c).to(raw.device)
 
-        others = torch.cat([base.cands.score.float().cpu()])
+        others = torch.cat([base.cands.score.float().cpu(), torch.tensor([s for _, _, s in chain])])
         deeper = self._pruner(others, cells, chain[-1][2], n) if self.cost_curve is not None else None
         cont = expand_candidates(stepper, depth, self.top_k, calibrate=calibrate, deeper=deeper)
         b, m = base.cands, int(base.cands.tokens.numel())

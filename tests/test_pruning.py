@@ -1,0 +1,147 @@
+"""What a deeper draft level must beat (``budget.best_tree``), how wide it is drafted, and the head's catch-up
+after a closed gate: what sizes a round and what its gates weigh."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from drafttree.accept import Sampling
+from drafttree.drafters.hybrid import HybridDrafter
+from drafttree.sources.base import RoundContext
+from tests.conftest import tiny_causal_lm
+from tests.test_hybrid import PROMPT, VOCAB, ConstantSource
+
+
+class PeakedStepper:
+    """Fake drafter whose top guess holds ``top`` of the probability, children by the token only."""
+
+    vocab_ids = None
+
+    def __init__(self, top: float, vocab: int = 20, second: float = 0.0):
+        rest = (1 - top - second) / (vocab - (2 if second else 1))
+        row = torch.full((vocab,), rest)
+        row[0] = top
+        if second:  # an unsure drafter: two guesses share the mass
+            row[1] = second
+        self.table = torch.stack([row.roll(i) for i in range(vocab)]).log()
+        self.widths: list[int] = []
+
+    def root_logprobs(self):
+        return self.table[3]
+
+    def expand(self, tokens, parent_slots, attend, depth):
+        self.widths.append(int(tokens.numel()))
+        return self.table[tokens]
+
+
+@pytest.mark.parametrize("top, second, cost, chain", [(0.95, 0.0, 0.15, True), (0.95, 0.0, 0.001, True),
+                                                     (0.5, 0.45, 0.02, False), (0.5, 0.45, 0.001, False)])
+def test_a_costly_source_drafts_a_chain_where_its_top_guess_carries_the_mass(top, second, cost, chain):
+    """Each level is drafted at the width that pays on the cost curve: width 1 for a confident drafter, however
+    cheap (the children of its unlikely second guesses would cost more to verify than they bring), wider for an
+    unsure one (whose second guesses are worth drafting below)."""
+    from drafttree.sources.model_sources import ExpandingSource
+
+    class Source(ExpandingSource):
+        def _stepper(self, rc):
+            return self.stepper
+
+    curve = lambda n: 1.0 + 0.05 * (n - 1)  # noqa: E731 (8 tokens cost 1.35 single ones, as on a CPU)
+    src = Source(top_k=4, depth=6, max_total=32, cost_curve=curve)
+    src.cost, src.stepper = cost, PeakedStepper(top, second=second)
+    prop = src.propose(RoundContext([1, 3], 3, 6, Sampling(), []), 0)
+    widths = src.stepper.widths
+    assert widths, "a likely next level must be drafted"
+    assert (max(widths) == 1) == chain, widths
+    assert prop.spent == pytest.approx(cost + sum(cost * curve(w) for w in widths))
+
+
+@pytest.mark.parametrize("rule, drafted", [("best", False), ("all", True)])
+def test_a_deeper_level_must_beat_the_best_tree_not_every_candidate(rule, drafted):
+    """A level that costs 0.3 forwards for ~0.37 expected tokens does not pay against the best tree now (the root and
+    its likely child: ~1.3 tokens per forward); weighed against the tree of all four candidates (three near-certain
+    misses verified too), the old rule's, it looked as if it did."""
+    from drafttree.sources.model_sources import ExpandingSource
+
+    class Source(ExpandingSource):
+        def _stepper(self, rc):
+            return self.stepper
+
+    curve = lambda n: 1.0 + 0.05 * (n - 1)  # noqa: E731
+    src = Source(top_k=4, depth=6, max_total=32, cost_curve=curve, prune_against=rule)
+    src.cost, src.stepper = 0.3, PeakedStepper(0.95)
+    src.propose(RoundContext([1, 3], 3, 6, Sampling(), []), 0)
+    assert bool(src.stepper.widths) == drafted, src.stepper.widths
+
+
+def test_best_tree_picks_the_prefix_with_the_best_rate():
+    from drafttree.budget import CostModel, best_tree, joining
+
+    cost = CostModel([1, 2, 4, 8], [1.0, 1.1, 1.3, 1.7])
+    scores = torch.tensor([0.9, 0.5, 0.01, 0.01, 0.01]).log()
+    n, e, t = best_tree(scores, 0.0, cost.verify, 63)
+    rates = [(1 + float(scores[:k].exp().sum())) / cost.verify(k + 1) for k in range(6)]
+    assert n == max(range(6), key=rates.__getitem__) == 2
+    assert e == pytest.approx(2.4) and t == pytest.approx(cost.verify(3))
+    assert best_tree(scores, 0.0, cost.verify, 63, rule="all")[0] == 5
+    assert best_tree(scores, 0.0, cost.verify, 1)[0] == 1  # at most max_nodes candidates
+    assert joining([0.5, 0.01, 0.9], [0.9, 0.5, 0.01], 2) == [1, 3, 4]  # an expanded node outside the best 2 joins
+
+
+@pytest.mark.parametrize("rule, level, deeper", [("best", 0.6, False), ("all", 0.6, True), ("best", 0.2, True)])
+def test_eagle2_weighs_a_level_against_the_best_tree(rule, level, deeper):
+    """EAGLE-2's budget: a level costing 0.6 steps for its likely node's child does not pay against the root and
+    that node (1.9 tokens for 1.05 steps), only against the tree of all eight candidates; at 0.2 steps it does."""
+    from drafttree.budget import CostModel, TreeBudget
+
+    budget = TreeBudget(CostModel([1, 2, 4, 8, 16], [1.0, 1.05, 1.15, 1.35, 1.75]), prune_against=rule)
+    best = torch.tensor([0.9] + [0.003] * 7).log()
+    assert budget.worth_deeper(best, best[:1], 0.0, level) == deeper
+
+
+def test_the_head_charges_the_catch_up_of_the_rounds_it_skipped():
+    """A head that drafts after a closed gate's wait first encodes every pair committed meanwhile, in one forward
+    over them all: the round's drafting cost (what sizes its tree) grows with that backlog, and what exceeds one
+    round's pairs is marked as catch-up (which the gates do not hold against drafting)."""
+    from drafttree.heads.model import EagleHead
+    from drafttree.sources.base import RoundContext
+    from drafttree.sources.model_sources import HeadSource
+
+    target = tiny_causal_lm("llama", vocab=VOCAB, hidden=32, seed=0)
+    torch.manual_seed(5)
+    head = EagleHead(target)
+
+    def curve(n: int) -> float:  # relative verify cost: 16 tokens cost 2.5 one
+        return 1.0 + 0.1 * (n - 1)
+
+    spent, catch_up = {}, {}
+    for skipped in (0, 15):
+        src = HeadSource(head, top_k=2, depth=2, max_total=8, cost_curve=curve)
+        src.begin(torch.tensor(PROMPT[:2]), torch.randn(2, 32), 3)
+        src.propose(RoundContext(PROMPT[:2] + [3], 3, 2, Sampling(), []), 0)  # encodes the prompt
+        for i in range(skipped):  # rounds in which the gate kept the head closed: pairs only queue
+            src.observe([3 + i % 5], torch.randn(1, 32), 4)
+        prop = src.propose(RoundContext(PROMPT[:2] + [3] * (skipped + 1), 4, 2, Sampling(), []), 0)
+        spent[skipped], catch_up[skipped] = prop.spent, prop.catch_up
+    assert abs(spent[15] - spent[0] - (src.level_cost(15) - src.cost)) < 1e-9 and spent[15] > spent[0]
+    assert catch_up[0] == 0.0 and catch_up[15] == pytest.approx(src.level_cost(15) - src.level_cost(1))
+
+
+def test_the_gates_weigh_a_round_without_its_catch_up():
+    """A costly source's gate records the round's drafting cost less its catch-up."""
+    from drafttree.budget import CostModel, TreeBudget
+    from drafttree.drafters.base import DraftRequest
+
+    class CatchingUp(ConstantSource):
+        def propose(self, rc, index):
+            prop = super().propose(rc, index)
+            prop.spent, prop.catch_up = 1.0, 0.75
+            return prop
+
+    budget = TreeBudget(CostModel([1, 2, 4, 8], [1.0, 1.2, 1.5, 2.0]), max_total=8, min_total=1)
+    hd = HybridDrafter([CatchingUp([3, 4, 5], cost=0.1)], budget=budget)
+    hd.begin(torch.tensor([1, 2]), torch.zeros(2, 4), 2)
+    hd.propose(DraftRequest([1, 2, 2], 2, 8, Sampling(), None))
+    hd.observe([2, 3], torch.zeros(2, 4), 7)
+    assert list(hd.gates[0].cost.values()) == [pytest.approx(0.25)]
