@@ -285,9 +285,6 @@ class TreeBudget:
     history: list[dict] = field(default_factory=list)
     prune_against: str = "best"  # what a deeper level must beat (best_tree's rule)
 
-    def expected_tokens(self, sorted_scores: torch.Tensor, n_nodes: int) -> float:
-        return 1.0 + self.calibration * float(sorted_scores[:n_nodes].exp().sum())
-
     def choose_total(self, sorted_scores: torch.Tensor | list[float], draft_seconds: float) -> int:
         """Best number of tree tokens (root included) given the candidates' scores, best first.
 

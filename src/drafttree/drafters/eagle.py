@@ -263,7 +263,7 @@ def make_budget(target, max_total: int = 64, min_total: int = 2, prune_against: 
     from drafttree.target import TargetModel
 
     return TreeBudget(cost_model_for(TargetModel(target.model), target.name), max_total=max_total,
-                      min_total=min_total, prune_against=check_prune_rule(prune_against))
+                      min_total=min_total, prune_against=prune_against)
 
 
 CHAIN_MAX = 8  # k_max of the adaptive chain policies

@@ -62,6 +62,9 @@ def _convert(name: str, kind: str, low: float | None, value: Any) -> Any:
 ALIASES = {"top_k_draft": "top_k"}
 
 
+PRUNE_DOC = "a deeper level must beat the best tree so far (best) or the tree of every candidate (all: until stop 39)"
+
+
 @dataclass
 class NoOptions:
     ALIASES: ClassVar[dict[str, str]] = {}
@@ -103,8 +106,7 @@ class EagleOptions:
     tree: list | None = _opt(None, "paths", None, "EAGLE-1 static tree paths")
     ldlp: Any = _opt(None, "object", None, "a trained length predictor (default: the one next to the head)")
     depth_slack: int = _opt(1, "int", 0, "eagle2-ldlp: tree depth = predicted length + slack")
-    prune_against: str = _opt("best", "str", None, "a deeper level must beat the best tree so far (best) or the "
-                              "tree of every candidate (all: the rule until stop 39)")
+    prune_against: str = _opt("best", "str", None, PRUNE_DOC)
 
 
 @dataclass
@@ -126,8 +128,7 @@ class HybridOptions:
     costly_in_batches: bool = _opt(False, "bool", None, "costly sources (head, draft LM) draft in batched rounds too")
     corpus: str | None = _opt(None, "str", None, "corpus file for the corpus source (default: the head's corpus.npz)")
     batch_pass: bool = _opt(False, "bool", None, "batched rows draft their heads together (one forward per level)")
-    prune_against: str = _opt("best", "str", None, "a deeper level must beat the best tree so far (best) or the "
-                              "tree of every candidate (all: the rule until stop 39)")
+    prune_against: str = _opt("best", "str", None, PRUNE_DOC)
 
 
 @dataclass
