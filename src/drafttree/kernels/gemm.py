@@ -38,7 +38,7 @@ MAX_ROWS = 64
 SOURCE = Path(__file__).with_name("small_gemm.cpp")
 # the extension: the GEMM (and the module), decode attention, RMSNorm and rotary, a whole decode layer, and the vector
 # backend they share
-SOURCES = tuple(SOURCE.with_name(n) for n in ("small_gemm.cpp", "tree_attention.cpp", "layer_ops.cpp",
+SOURCES = tuple(SOURCE.with_name(n) for n in ("small_gemm.cpp", "amx_gemm.cpp", "tree_attention.cpp", "layer_ops.cpp",
                                               "decode_layer.cpp", "kernels.h", "simd.h"))
 _DTYPES = (torch.float32, torch.bfloat16)
 NO_INDEX = torch.empty(0, dtype=torch.long)  # "not given" for the kernels' optional index tensors
@@ -125,7 +125,8 @@ def kernel_key() -> str:
     if not kernels_in_use():
         return "torch"
     dot = "-dot" if getattr(_ext, "bf16_dot", False) else ""  # vdpbf16ps tiles where they are faster (timed at load)
-    return f"small-gemm-{MAX_ROWS}-{_source_hash()}-x{getattr(_ext, 'lanes', 0)}{dot}"
+    amx = "-amx" if getattr(_ext, "amx", False) else ""  # bf16 products on AMX tiles (amx_gemm.cpp)
+    return f"small-gemm-{MAX_ROWS}-{_source_hash()}-x{getattr(_ext, 'lanes', 0)}{dot}{amx}"
 
 
 @functools.cache
@@ -133,6 +134,39 @@ def _source_hash() -> str:
     # the Python that routes a forward's steps to the kernels (this file, layers.py) changes the cost of a forward too
     paths = (*SOURCES, Path(__file__), SOURCE.with_name("layers.py"))
     return hashlib.sha256(b"".join(p.read_bytes() for p in paths)).hexdigest()[:8]
+
+
+def amx_on() -> bool:
+    """Whether bf16 products take AMX tiles here (``amx_gemm.cpp``: CPUs with AMX, unless DRAFTTREE_AMX=0)."""
+    return bool(getattr(small_gemm(), "amx", False))
+
+
+def pack_tiles(model: torch.nn.Module) -> int:
+    """Repack ``model``'s bf16 linear weights into AMX tiles, all in one huge-page mapping (decoding streams them, as
+    it streamed the weights: kernels/memory.py), so the first forward does not pack them one by one in 4 KiB pages.
+    The weights stay as they are (torch's own forward reads them). Returns the bytes packed (0: AMX off here)."""
+    from drafttree.kernels.memory import ALIGN, huge_page_bytes
+
+    if not amx_on():
+        return 0
+    weights = list({id(m.weight): m.weight for m in model.modules() if isinstance(m, torch.nn.Linear)
+                    and m.weight.dtype is torch.bfloat16 and m.weight.is_cpu and m.weight.dim() == 2
+                    and m.weight.shape[0] % 16 == 0 and m.weight.shape[1] % 32 == 0 and m.weight.is_contiguous()
+                    and m.weight.numel() > 0}.values())
+    sizes = [-(-w.numel() * 2 // ALIGN) * ALIGN for w in weights]
+    raw = huge_page_bytes(sum(sizes)) if weights else None
+    offset = 0
+    with torch.inference_mode():
+        for w, size in zip(weights, sizes, strict=True):
+            n, k = w.shape
+            tiles = w.view(n // 16, 16, k // 32, 16, 2).permute(0, 2, 3, 1, 4)
+            if raw is None:
+                tiles = tiles.contiguous()
+            else:
+                tiles = raw[offset:offset + w.numel() * 2].view(torch.bfloat16).view(tiles.shape).copy_(tiles)
+            offset += size
+            _ext.amx_register(w, tiles)
+    return offset
 
 
 def kernels_in_use() -> bool:
@@ -218,9 +252,15 @@ def _widened(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None) -> tor
 
 
 def many_rows_linear(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """``F.linear`` for products the small-GEMM kernel does not take: bf16 ones with many rows on a CPU whose bf16
-    arithmetic is slow run in float32 on the widened values (our own products only: fast_linears blocks and the
-    drafters' :func:`linear`; never under torch_linears or with autograd; see WIDE_MIN_ROWS)."""
+    """``F.linear`` for products the small-GEMM kernel does not take: bf16 ones with many rows on AMX tiles where they
+    are on (:func:`amx_on`), else, on a CPU whose bf16 arithmetic is slow, in float32 on the widened values (our own
+    products only: fast_linears blocks and the drafters' :func:`linear`; never under torch_linears or with autograd;
+    see WIDE_MIN_ROWS)."""
+    if (x.dtype is torch.bfloat16 and w.dtype is torch.bfloat16 and x.is_cpu and w.is_cpu and not _active.off
+            and amx_on() and x.dim() >= 1 and w.dim() == 2 and x.shape[-1] == w.shape[1] and w.is_contiguous()
+            and w.shape[0] % 16 == 0 and w.shape[1] % 32 == 0 and not torch.is_grad_enabled()
+            and (bias is None or bias.dtype is torch.bfloat16)):
+        return _ext.linear(x, w, bias)  # AMX tiles take any row count (~2 TFLOP/s here: a prompt's products too)
     if (x.dtype is torch.bfloat16 and w.dtype is torch.bfloat16 and x.is_cpu and w.is_cpu and not _active.off
             and x.dim() >= 2 and w.dim() == 2 and x.numel() >= WIDE_MIN_ROWS * x.shape[-1]
             and not torch.is_grad_enabled() and (bias is None or bias.dtype is torch.bfloat16)

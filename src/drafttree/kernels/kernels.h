@@ -4,9 +4,34 @@
 #pragma once
 #include <torch/extension.h>
 
+#include <cstring>
 #include <vector>
 
 namespace drafttree_kernels {
+// n float32 sums (plus the bias) rounded to bf16 as torch's vectorised conversion does (to nearest even, denormals
+// kept, NaN as 0xFFFF); written so that the compiler vectorises it.
+inline void round_run(const float* o, const float* bias, at::BFloat16* r, int64_t n) {
+  uint16_t* out = reinterpret_cast<uint16_t*>(r);
+  auto round = [](float f) {
+    uint32_t u;
+    std::memcpy(&u, &f, 4);
+    return f != f ? uint16_t{0xFFFF} : static_cast<uint16_t>((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16);
+  };
+  if (bias != nullptr) {
+    for (int64_t c = 0; c < n; ++c) out[c] = round(o[c] + bias[c]);
+  } else {
+    for (int64_t c = 0; c < n; ++c) out[c] = round(o[c]);
+  }
+}
+
+// AMX tiles (amx_gemm.cpp): whether this build and this process can use them, whether they are switched on (at module
+// load: DRAFTTREE_AMX=0 keeps the vector path), whether a weight takes them, and the bf16 product on them.
+extern const bool AMX_READY;
+extern bool AMX_ON;
+bool amx_packable(const torch::Tensor& w);
+void amx_register(const torch::Tensor& w, const torch::Tensor& tiles);
+std::vector<torch::Tensor> amx_linears(const torch::Tensor& x2, const std::vector<torch::Tensor>& ws,
+                                       const std::vector<torch::Tensor>& fbias);
 std::vector<torch::Tensor> linears(const torch::Tensor& x, const std::vector<torch::Tensor>& ws,
                                    const std::vector<c10::optional<torch::Tensor>>& biases);
 torch::Tensor linear(const torch::Tensor& x, const torch::Tensor& w, const c10::optional<torch::Tensor>& bias);

@@ -430,6 +430,7 @@ def _install(model: torch.nn.Module) -> None:
             biases = any(getattr(module, n).bias is not None for n in ("gate_proj", "up_proj", "down_proj"))
             module.forward = functools.partial(_mlp_forward, module, biases)
     _install_rotary(model)
+    gemm.pack_tiles(model)  # before the checks below run products (where bf16 products take AMX tiles)
     for module in model.modules():  # last: a lean layer calls the functions installed above
         lean = _lean_layer(module) if "forward" not in module.__dict__ else None
         if lean is not None:

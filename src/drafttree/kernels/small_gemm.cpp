@@ -22,6 +22,7 @@
 
 namespace {
 using namespace drafttree_simd;
+using drafttree_kernels::round_run;
 
 // Up to this many rows a vdpbf16ps product is one tile (6 x 4 accumulators + 4 weight vectors + 1 input vector fit
 // in 32 registers; larger tiles measured slower per row than 4 x 4 ones).
@@ -277,22 +278,6 @@ struct Segment {
   const float* bias = nullptr;
 };
 
-// n float32 sums (plus the bias) rounded to bf16 as torch's vectorised conversion does (to nearest even, denormals
-// kept, NaN as 0xFFFF); written so that the compiler vectorises it.
-inline void round_run(const float* o, const float* bias, at::BFloat16* r, int64_t n) {
-  uint16_t* out = reinterpret_cast<uint16_t*>(r);
-  auto round = [](float f) {
-    uint32_t u;
-    std::memcpy(&u, &f, 4);
-    return f != f ? uint16_t{0xFFFF} : static_cast<uint16_t>((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16);
-  };
-  if (bias != nullptr) {
-    for (int64_t c = 0; c < n; ++c) out[c] = round(o[c] + bias[c]);
-  } else {
-    for (int64_t c = 0; c < n; ++c) out[c] = round(o[c]);
-  }
-}
-
 // A float32 row alone streams best in tiles of ACC weight rows on the hardware prefetchers alone; a bf16 row (and
 // several rows) in narrow blocks with the next one prefetched. Both paths sum each output in the same order.
 template <typename T>
@@ -390,25 +375,30 @@ std::vector<torch::Tensor> linears(const torch::Tensor& x, const std::vector<tor
       if (bias(i)) outs[i].add_(biases[i]->to(torch::kFloat32));
   } else {
     TORCH_CHECK(x.scalar_type() == torch::kBFloat16, "small_gemm: float32 or bfloat16 weights only");
-    int64_t total = 0;
-    for (const auto& w : ws) total += M * w.size(0);
-    thread_local std::vector<float> sums;  // the float32 sums, before round_run
-    if (static_cast<int64_t>(sums.size()) < total) sums.resize(total);
     std::vector<torch::Tensor> fbias(ws.size());
-    std::vector<Segment<at::BFloat16>> segs;
-    int64_t offset = 0;
-    for (size_t i = 0; i < ws.size(); ++i) {
-      const int64_t N = ws[i].size(0);
-      outs.push_back(torch::empty({M, N}, x.options()));
+    for (size_t i = 0; i < ws.size(); ++i)
       if (bias(i)) {
         fbias[i] = biases[i]->to(torch::kFloat32).contiguous();
-        TORCH_CHECK(fbias[i].numel() == N, "small_gemm: bad bias");
+        TORCH_CHECK(fbias[i].numel() == ws[i].size(0), "small_gemm: bad bias");
       }
-      segs.push_back({ws[i].data_ptr<at::BFloat16>(), N, sums.data() + offset, outs[i].data_ptr<at::BFloat16>(),
-                      bias(i) ? fbias[i].data_ptr<float>() : nullptr});
-      offset += M * N;
+    if (std::all_of(ws.begin(), ws.end(), amx_packable)) {
+      outs = amx_linears(x2, ws, fbias);
+    } else {
+      int64_t total = 0;
+      for (const auto& w : ws) total += M * w.size(0);
+      thread_local std::vector<float> sums;  // the float32 sums, before round_run
+      if (static_cast<int64_t>(sums.size()) < total) sums.resize(total);
+      std::vector<Segment<at::BFloat16>> segs;
+      int64_t offset = 0;
+      for (size_t i = 0; i < ws.size(); ++i) {
+        const int64_t N = ws[i].size(0);
+        outs.push_back(torch::empty({M, N}, x.options()));
+        segs.push_back({ws[i].data_ptr<at::BFloat16>(), N, sums.data() + offset, outs[i].data_ptr<at::BFloat16>(),
+                        bias(i) ? fbias[i].data_ptr<float>() : nullptr});
+        offset += M * N;
+      }
+      gemm<at::BFloat16>(x2.data_ptr<at::BFloat16>(), M, K, segs);
     }
-    gemm<at::BFloat16>(x2.data_ptr<at::BFloat16>(), M, K, segs);
   }
   auto sizes = x.sizes().vec();
   for (size_t i = 0; i < ws.size(); ++i) {
@@ -442,7 +432,12 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   DOT_WORKS = exact && dot_wanted();
   m.attr("bf16_dot_exact") = exact;  // this CPU's vdpbf16ps gives the FMA path's bits
   m.attr("lanes") = LANES;  // the backend built here (16: AVX-512, 8: AVX2), part of cached cost curves' key
-  m.attr("bf16_dot") = DOT_WORKS;  // many-row bf16 products take vdpbf16ps (exact, and the faster path here)
+  m.attr("bf16_dot") = DOT_WORKS;
+  const char* amx_env = std::getenv("DRAFTTREE_AMX");
+  using drafttree_kernels::AMX_ON, drafttree_kernels::AMX_READY;
+  AMX_ON = AMX_READY && !(amx_env != nullptr && std::strcmp(amx_env, "0") == 0);
+  m.attr("amx_ready") = AMX_READY;  // this build and this process can use AMX tiles
+  m.attr("amx") = AMX_ON;  // bf16 products of every row count take them (amx_gemm.cpp); DRAFTTREE_AMX=0: not  // many-row bf16 products take vdpbf16ps (exact, and the faster path here)
   m.def("linear", &drafttree_kernels::linear, py::arg("x"), py::arg("w"), py::arg("bias") = py::none(),
         py::call_guard<py::gil_scoped_release>());  // only torch ops inside: other Python threads keep running
   m.def("linears", &drafttree_kernels::linears, py::arg("x"), py::arg("ws"), py::arg("biases"),
@@ -457,5 +452,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("tree_attention", &drafttree_kernels::tree_attention, py::arg("q"), py::arg("k"), py::arg("v"),
         py::arg("mask"), py::arg("q_row"), py::arg("q_node"), py::arg("key_len"), py::arg("per_row"),
         py::arg("scale"), py::call_guard<py::gil_scoped_release>());
+  m.def("amx_register", &drafttree_kernels::amx_register, py::arg("w"), py::arg("tiles"));
   m.def("decode_layer", &drafttree_kernels::decode_layer, py::call_guard<py::gil_scoped_release>());
 }
