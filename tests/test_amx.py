@@ -57,20 +57,43 @@ def test_several_weights_in_one_call_give_each_product_alone():
 
 
 @needs_amx
-def test_a_weight_changed_in_place_or_freed_is_packed_again():
+def test_a_group_mixing_weights_with_and_without_tiles_gives_each_products_bits():
+    """A weight whose shape the tiles do not take (40 rows) runs on the vector path beside tiled ones, and each
+    weight's result is what it gives alone, biases included."""
+    ws, bs = zip(*(_weights(n, 96, seed=n) for n in (32, 40, 48)), strict=True)
+    x = torch.randn(5, 96, generator=torch.Generator().manual_seed(5)).bfloat16()
+    assert [bool(ext.amx_packable(w)) for w in ws] == [True, False, True]
+    for got, w, b in zip(ext.linears(x, list(ws), list(bs)), ws, bs, strict=True):
+        assert torch.equal(got, ext.linear(x, w, b))
+        torch.testing.assert_close(got.float(), F.linear(x.double(), w.double(), b.double()).bfloat16().float(),
+                                   rtol=1 / 128, atol=1e-2)
+
+
+def _reference(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    return F.linear(x.double(), w.double()).bfloat16()
+
+
+@needs_amx
+def test_a_weight_changed_in_place_or_replaced_at_its_address_is_packed_again():
     w, _ = _weights(32, 64, seed=6, bias=False)
     x = torch.randn(3, 64, generator=torch.Generator().manual_seed(7)).bfloat16()
     before = ext.linear(x, w)
     with torch.no_grad():
-        w.mul_(-2)
+        w.mul_(-2)  # the version counter moves: repacked
     assert torch.equal(ext.linear(x, w), ext.linear(x, w.clone()))
     assert not torch.equal(ext.linear(x, w), before)
-    for seed in range(8, 12):  # new weights, likely at a freed one's address: never its tiles
-        del w
+    assert torch.equal(ext.linear(x, w[:16]), ext.linear(x, w.clone()[:16]))  # a view of its first rows: its own tiles
+    w.data.copy_(_weights(32, 64, seed=8, bias=False)[0])  # behind the version counter: forget_tiles
+    gemm.forget_tiles()
+    torch.testing.assert_close(ext.linear(x, w).float(), _reference(x, w).float(), rtol=1 / 128, atol=1e-2)
+    memory = bytearray(32 * 64 * 2)  # new weights (new storages) over the same memory: never the old tiles
+    for seed in range(9, 12):
+        v = torch.frombuffer(memory, dtype=torch.bfloat16).view(32, 64)
+        v.copy_(_weights(32, 64, seed=seed, bias=False)[0])
+        assert v.data_ptr() == torch.frombuffer(memory, dtype=torch.bfloat16).data_ptr()
+        torch.testing.assert_close(ext.linear(x, v).float(), _reference(x, v).float(), rtol=1 / 128, atol=1e-2)
+        del v
         gc.collect()
-        w, _ = _weights(32, 64, seed=seed, bias=False)
-        torch.testing.assert_close(ext.linear(x, w).float(), F.linear(x.float(), w.float()).bfloat16().float(),
-                                   rtol=1 / 128, atol=1e-2)
 
 
 @needs_amx
@@ -107,3 +130,23 @@ def test_the_default_model_in_bf16_verifies_a_chain_with_the_logits_of_one_token
         steps.append(runner.forward_tree(chain[i:i + 1], idx[:1], torch.ones(1, 1, dtype=torch.bool)).logits)
         runner.commit([0])
     assert torch.equal(tree, torch.cat(steps))
+
+
+@pytest.mark.skipif(ext is None, reason=f"small-GEMM kernel {kernel_status()}")
+def test_amx_is_on_where_the_cpu_has_it_and_off_when_switched_off():
+    """Where /proc/cpuinfo lists AMX the tiles are used (a failed permission request or build would otherwise pass
+    every test here by skipping), and DRAFTTREE_AMX=0 (or off) keeps every product on the vector path."""
+    import os
+    import subprocess
+    import sys
+
+    flags = set(gemm._cpu_flags().split())
+    if {"amx_bf16", "amx_tile"} <= flags and os.environ.get("DRAFTTREE_AMX", "1") not in ("0", "off", "false", "no"):
+        assert ext.amx_ready and gemm.amx_on()
+    code = ("import torch; from drafttree.kernels import gemm; e = gemm.small_gemm(); "
+            "m = torch.nn.Linear(64, 32).to(torch.bfloat16); "
+            "print(e.amx, gemm.amx_on(), gemm.pack_tiles(m), gemm.kernel_key().endswith('-amx'))")
+    for value in ("0", "off"):
+        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                             env={**os.environ, "DRAFTTREE_AMX": value}).stdout.split()
+        assert out == ["False", "False", "0", "False"], (value, out)

@@ -16,7 +16,8 @@
 #include <cstdlib>
 #include <cstring>
 #include <mutex>
-#include <unordered_map>
+#include <map>
+#include <tuple>
 #include <vector>
 
 #include "kernels.h"
@@ -45,12 +46,27 @@ bool amx_usable() {
 struct Packed {
   c10::weak_intrusive_ptr<c10::StorageImpl> storage;  // the weight's: expired once it is freed
   int64_t version;
-  std::vector<int64_t> sizes;
   torch::Tensor tiles;
 };
+using Key = std::tuple<const void*, int64_t, int64_t>;  // (address, N, K): a view of a weight's first rows is its own
 std::mutex packed_lock;
 // never destroyed: at exit its tensors may view memory that Python already freed (a huge-page mapping)
-std::unordered_map<const void*, Packed>& packed_cache = *new std::unordered_map<const void*, Packed>();
+std::map<Key, Packed>& packed_cache = *new std::map<Key, Packed>();
+
+Key key_of(const torch::Tensor& w) { return {w.data_ptr(), w.size(0), w.size(1)}; }
+
+// Entries of freed weights leave the cache (into `dropped`, destroyed by the caller after it let go of the lock: a
+// huge-page mapping's deleter takes the GIL).
+void sweep(std::vector<Packed>& dropped) {
+  for (auto i = packed_cache.begin(); i != packed_cache.end();) {
+    if (i->second.storage.expired()) {
+      dropped.push_back(std::move(i->second));
+      i = packed_cache.erase(i);
+    } else {
+      ++i;
+    }
+  }
+}
 
 int64_t version_of(const torch::Tensor& w) { return w.is_inference() ? -1 : static_cast<int64_t>(w._version()); }
 
@@ -71,10 +87,10 @@ void configure_tiles(int rows) {
   _tile_loadconfig(&cfg);
 }
 
-// Input rows [m, m + 16 * (1 + TWO_ROWS)) (x padded to whole tiles, row stride K) times one or two 16-column weight
-// blocks (w0, w1: their K / 32 tiles in a row), the float32 sums written to c (row stride 32 floats).
+// One or two blocks of input rows (x, and x1 for the second; row stride K) times one or two 16-column weight
+// blocks (w0, w1: their tiles `step` elements apart along K), the float32 sums written to c (row stride 32 floats).
 template <bool TWO_ROWS, bool TWO_COLS>
-void tile_pair(const BF16* x, int64_t K, const BF16* w0, const BF16* w1, float* c) {
+void tile_pair(const BF16* x, const BF16* x1, int64_t K, const BF16* w0, const BF16* w1, int64_t step, float* c) {
   const int64_t chunks = K / 32, stride = K * static_cast<int64_t>(sizeof(BF16));
   _tile_zero(0);
   if constexpr (TWO_COLS) _tile_zero(1);
@@ -82,14 +98,14 @@ void tile_pair(const BF16* x, int64_t K, const BF16* w0, const BF16* w1, float* 
   if constexpr (TWO_ROWS && TWO_COLS) _tile_zero(3);
   for (int64_t kc = 0; kc < chunks; ++kc) {
     _tile_loadd(4, x + kc * 32, stride);
-    _tile_loadd(6, w0 + kc * 512, 64);
+    _tile_loadd(6, w0 + kc * step, 64);
     _tile_dpbf16ps(0, 4, 6);
     if constexpr (TWO_COLS) {
-      _tile_loadd(7, w1 + kc * 512, 64);
+      _tile_loadd(7, w1 + kc * step, 64);
       _tile_dpbf16ps(1, 4, 7);
     }
     if constexpr (TWO_ROWS) {
-      _tile_loadd(5, x + 16 * K + kc * 32, stride);
+      _tile_loadd(5, x1 + kc * 32, stride);
       _tile_dpbf16ps(2, 5, 6);
       if constexpr (TWO_COLS) _tile_dpbf16ps(3, 5, 7);
     }
@@ -111,36 +127,67 @@ bool amx_packable(const torch::Tensor& w) {
          w.size(1) % 32 == 0 && w.size(0) > 0 && w.size(1) > 0 && w.is_contiguous();
 }
 
-// The weight's tiles: repacked on first use, and again after the weight changed (in place, or freed and another
-// tensor put at its address); entries of freed weights are dropped when a new one is packed.
+// A weight [N, K] as tiles of 16 pairs of K x 16 columns x 2 (1 KiB; tdpbf16ps's layout), the blocks of 16 columns
+// in pairs whose tiles alternate along K ([N / 32][K / 32][2][16][16][2]), an odd last block's tiles after them.
+torch::Tensor amx_pack(const torch::Tensor& w) {
+  TORCH_CHECK(w.scalar_type() == torch::kBFloat16 && w.dim() == 2 && w.size(0) % 16 == 0 && w.size(1) % 32 == 0,
+              "amx_pack: a bf16 weight of 16k rows and 32k columns");
+  c10::InferenceMode guard;
+  const int64_t N = w.size(0), K = w.size(1), paired = N / 32 * 32;
+  auto out = torch::empty({N * K}, w.options());
+  if (paired > 0)
+    out.narrow(0, 0, paired * K)
+        .view({paired / 32, K / 32, 2, 16, 16, 2})
+        .copy_(w.narrow(0, 0, paired).view({paired / 32, 2, 16, K / 32, 16, 2}).permute({0, 3, 1, 4, 2, 5}));
+  if (paired < N)
+    out.narrow(0, paired * K, 16 * K).view({K / 32, 16, 16, 2})
+        .copy_(w.narrow(0, paired, 16).view({16, K / 32, 16, 2}).permute({1, 2, 0, 3}));
+  return out;
+}
+
+// The weight's tiles: repacked on first use, and again after the weight changed in place (its version counter) or
+// was freed and another tensor put at its address. Not seen: writes that bypass the version counter (through
+// ``.data``, numpy, another tensor over the same memory; an inference tensor's in-place change): amx_forget() then.
 torch::Tensor amx_tiles(const torch::Tensor& w) {
+  std::vector<Packed> dropped;  // destroyed after the lock is released
   std::lock_guard<std::mutex> guard(packed_lock);
-  const void* key = w.data_ptr();
+  const Key key = key_of(w);
   auto it = packed_cache.find(key);
-  const auto* storage = w.storage().unsafeGetStorageImpl();
-  if (it != packed_cache.end() && it->second.storage.lock().get() == storage &&
-      it->second.version == version_of(w) && it->second.sizes == w.sizes().vec())
+  if (it != packed_cache.end() && it->second.storage.lock().get() == w.storage().unsafeGetStorageImpl() &&
+      it->second.version == version_of(w))
     return it->second.tiles;
-  for (auto i = packed_cache.begin(); i != packed_cache.end();) i = i->second.storage.expired() ? packed_cache.erase(i) : std::next(i);
-  const int64_t N = w.size(0), K = w.size(1);
-  torch::Tensor tiles;
-  {
-    c10::InferenceMode guard_inference;
-    tiles = w.detach().view({N / 16, 16, K / 32, 16, 2}).permute({0, 2, 3, 1, 4}).contiguous().view({N / 16, K / 32, 512});
+  sweep(dropped);
+  const torch::Tensor tiles = amx_pack(w);
+  it = packed_cache.find(key);
+  if (it != packed_cache.end()) {
+    dropped.push_back(std::move(it->second));
+    packed_cache.erase(it);
   }
-  packed_cache.erase(key);
-  packed_cache.emplace(key, Packed{w.storage().getWeakStorageImpl(), version_of(w), w.sizes().vec(), tiles});
+  packed_cache.emplace(key, Packed{w.storage().getWeakStorageImpl(), version_of(w), tiles});
   return tiles;
 }
 
-// Tiles packed by the caller (in memory of its choice: gemm.pack_tiles puts a model's in huge pages) for weight w.
+// Tiles packed by the caller (in memory of its choice: gemm.pack_tiles puts a model's in huge pages), as amx_pack
+// lays them out, for weight w.
 void amx_register(const torch::Tensor& w, const torch::Tensor& tiles) {
   TORCH_CHECK(amx_packable(w) && tiles.scalar_type() == torch::kBFloat16 && tiles.is_contiguous() &&
               tiles.numel() == w.numel(), "amx_register: not a packable weight and its tiles");
+  std::vector<Packed> dropped;
   std::lock_guard<std::mutex> guard(packed_lock);
-  packed_cache.erase(w.data_ptr());
-  packed_cache.emplace(w.data_ptr(), Packed{w.storage().getWeakStorageImpl(), version_of(w), w.sizes().vec(),
-                                            tiles.view({w.size(0) / 16, w.size(1) / 32, 512})});
+  sweep(dropped);
+  auto it = packed_cache.find(key_of(w));
+  if (it != packed_cache.end()) {
+    dropped.push_back(std::move(it->second));
+    packed_cache.erase(it);
+  }
+  packed_cache.emplace(key_of(w), Packed{w.storage().getWeakStorageImpl(), version_of(w), tiles.view({-1})});
+}
+
+// Forget every weight's tiles (after writes the cache cannot see); they are packed again on next use.
+void amx_forget() {
+  std::map<Key, Packed> dropped;
+  std::lock_guard<std::mutex> guard(packed_lock);
+  dropped.swap(packed_cache);
 }
 
 // y_i = x W_i^T (+ b_i) for bf16 weights that amx_packable() took: as linears() (its bf16 branch), on AMX tiles.
@@ -156,41 +203,42 @@ std::vector<torch::Tensor> amx_linears(const torch::Tensor& x2, const std::vecto
   }
   if (M == 0) return outs;
 #ifdef DRAFTTREE_AMX
-  // up to 16 rows: tiles of exactly M rows; more: whole tiles of 16, the rows past M zero (their sums never read)
-  const int64_t padded = M <= 16 ? M : (M + 15) / 16 * 16;
+  // up to 16 rows: tiles of exactly M rows; more: blocks of 16, the last one's rows past M read from a zeroed copy
+  // (their sums are never read)
   const int tile_rows = static_cast<int>(std::min<int64_t>(M, 16));
+  const int64_t blocks_of_rows = M <= 16 ? 1 : (M + 15) / 16;
   const BF16* xd = x2.data_ptr<BF16>();
-  thread_local std::vector<BF16> pad;
-  if (padded != M) {
-    if (static_cast<int64_t>(pad.size()) < padded * K) pad.resize(padded * K);
-    std::memcpy(pad.data(), xd, M * K * sizeof(BF16));
-    std::memset(static_cast<void*>(pad.data() + M * K), 0, (padded - M) * K * sizeof(BF16));
-    xd = pad.data();
+  std::vector<BF16> last;
+  if (M > 16 && M % 16 != 0) {
+    last.assign(16 * K, BF16(0.0f));
+    std::memcpy(static_cast<void*>(last.data()), xd + (M / 16) * 16 * K, (M % 16) * K * sizeof(BF16));
   }
+  auto row_block = [&](int64_t r) { return r == M / 16 && !last.empty() ? last.data() : xd + r * 16 * K; };
   at::parallel_for(0, first.back(), 1, [&](int64_t u0, int64_t u1) {
     configure_tiles(tile_rows);
-    thread_local std::vector<float> sums;
-    if (static_cast<int64_t>(sums.size()) < (padded + 15) / 16 * 16 * 32) sums.resize((padded + 15) / 16 * 16 * 32);
+    float sums[32 * 32];
     size_t s = std::upper_bound(first.begin(), first.end(), u0) - first.begin() - 1;
     for (int64_t u = u0; u < u1; ++u) {
       while (u >= first[s + 1]) ++s;
       const int64_t N = ws[s].size(0), blocks = N / 16, b = 2 * (u - first[s]);
       const bool two_cols = b + 1 < blocks;
+      // a pair's tiles interleaved along K (one stream of 2 KiB steps), an odd last block's alone
       const BF16* w0 = tiles[s].data_ptr<BF16>() + b * (K / 32) * 512;
-      const BF16* w1 = two_cols ? w0 + (K / 32) * 512 : nullptr;
-      for (int64_t m = 0; m < padded; m += 32) {
-        const BF16* xm = xd + m * K;
-        float* c = sums.data() + m * 32;
-        const bool two_rows = m + 16 < padded;
-        if (two_rows && two_cols) tile_pair<true, true>(xm, K, w0, w1, c);
-        else if (two_rows) tile_pair<true, false>(xm, K, w0, w1, c);
-        else if (two_cols) tile_pair<false, true>(xm, K, w0, w1, c);
-        else tile_pair<false, false>(xm, K, w0, w1, c);
-      }
-      const int64_t width = two_cols ? 32 : 16, n0 = b * 16;
+      const BF16* w1 = two_cols ? w0 + 512 : nullptr;
+      const int64_t step = two_cols ? 1024 : 512, width = two_cols ? 32 : 16, n0 = b * 16;
       const float* bias = fbias[s].defined() ? fbias[s].data_ptr<float>() + n0 : nullptr;
       BF16* out = outs[s].data_ptr<BF16>();
-      for (int64_t r = 0; r < M; ++r) round_run(sums.data() + r * 32, bias, out + r * N + n0, width);
+      for (int64_t r = 0; r < blocks_of_rows; r += 2) {
+        const bool two_rows = r + 1 < blocks_of_rows;
+        const BF16* x0 = row_block(r);
+        const BF16* x1 = two_rows ? row_block(r + 1) : nullptr;
+        if (two_rows && two_cols) tile_pair<true, true>(x0, x1, K, w0, w1, step, sums);
+        else if (two_rows) tile_pair<true, false>(x0, x1, K, w0, w1, step, sums);
+        else if (two_cols) tile_pair<false, true>(x0, x1, K, w0, w1, step, sums);
+        else tile_pair<false, false>(x0, x1, K, w0, w1, step, sums);
+        for (int64_t i = 0, row = r * 16; i < 32 && row < M; ++i, ++row)
+          round_run(sums + i * 32, bias, out + row * N + n0, width);
+      }
     }
     _tile_release();
   });

@@ -144,29 +144,32 @@ def amx_on() -> bool:
 def pack_tiles(model: torch.nn.Module) -> int:
     """Repack ``model``'s bf16 linear weights into AMX tiles, all in one huge-page mapping (decoding streams them, as
     it streamed the weights: kernels/memory.py), so the first forward does not pack them one by one in 4 KiB pages.
-    The weights stay as they are (torch's own forward reads them). Returns the bytes packed (0: AMX off here)."""
+    The weights stay as they are (torch's own forward reads them), so bf16 weights take twice their memory. A weight
+    changed in place through its version counter is repacked; writes that bypass it (``.data``, numpy) need
+    :func:`forget_tiles`. Returns the bytes packed (0: AMX off here)."""
     from drafttree.kernels.memory import ALIGN, huge_page_bytes
 
     if not amx_on():
         return 0
     weights = list({id(m.weight): m.weight for m in model.modules() if isinstance(m, torch.nn.Linear)
-                    and m.weight.dtype is torch.bfloat16 and m.weight.is_cpu and m.weight.dim() == 2
-                    and m.weight.shape[0] % 16 == 0 and m.weight.shape[1] % 32 == 0 and m.weight.is_contiguous()
-                    and m.weight.numel() > 0}.values())
+                    and m.weight.is_cpu and _ext.amx_packable(m.weight)}.values())
     sizes = [-(-w.numel() * 2 // ALIGN) * ALIGN for w in weights]
     raw = huge_page_bytes(sum(sizes)) if weights else None
     offset = 0
     with torch.inference_mode():
         for w, size in zip(weights, sizes, strict=True):
-            n, k = w.shape
-            tiles = w.view(n // 16, 16, k // 32, 16, 2).permute(0, 2, 3, 1, 4)
-            if raw is None:
-                tiles = tiles.contiguous()
-            else:
-                tiles = raw[offset:offset + w.numel() * 2].view(torch.bfloat16).view(tiles.shape).copy_(tiles)
+            tiles = _ext.amx_pack(w)
+            if raw is not None:
+                tiles = raw[offset:offset + w.numel() * 2].view(torch.bfloat16).copy_(tiles)
             offset += size
             _ext.amx_register(w, tiles)
     return offset
+
+
+def forget_tiles() -> None:
+    """Drop every weight's AMX tiles (they are packed again on next use): after writing weights behind torch's back."""
+    if amx_on():
+        _ext.amx_forget()
 
 
 def kernels_in_use() -> bool:
@@ -257,9 +260,8 @@ def many_rows_linear(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None
     products only: fast_linears blocks and the drafters' :func:`linear`; never under torch_linears or with autograd;
     see WIDE_MIN_ROWS)."""
     if (x.dtype is torch.bfloat16 and w.dtype is torch.bfloat16 and x.is_cpu and w.is_cpu and not _active.off
-            and amx_on() and x.dim() >= 1 and w.dim() == 2 and x.shape[-1] == w.shape[1] and w.is_contiguous()
-            and w.shape[0] % 16 == 0 and w.shape[1] % 32 == 0 and not torch.is_grad_enabled()
-            and (bias is None or bias.dtype is torch.bfloat16)):
+            and amx_on() and x.dim() >= 1 and w.dim() == 2 and x.shape[-1] == w.shape[1] and _ext.amx_packable(w)
+            and not torch.is_grad_enabled() and (bias is None or bias.dtype is torch.bfloat16)):
         return _ext.linear(x, w, bias)  # AMX tiles take any row count (~2 TFLOP/s here: a prompt's products too)
     if (x.dtype is torch.bfloat16 and w.dtype is torch.bfloat16 and x.is_cpu and w.is_cpu and not _active.off
             and x.dim() >= 2 and w.dim() == 2 and x.numel() >= WIDE_MIN_ROWS * x.shape[-1]

@@ -29,7 +29,9 @@ inline void round_run(const float* o, const float* bias, at::BFloat16* r, int64_
 extern const bool AMX_READY;
 extern bool AMX_ON;
 bool amx_packable(const torch::Tensor& w);
+torch::Tensor amx_pack(const torch::Tensor& w);
 void amx_register(const torch::Tensor& w, const torch::Tensor& tiles);
+void amx_forget();
 std::vector<torch::Tensor> amx_linears(const torch::Tensor& x2, const std::vector<torch::Tensor>& ws,
                                        const std::vector<torch::Tensor>& fbias);
 std::vector<torch::Tensor> linears(const torch::Tensor& x, const std::vector<torch::Tensor>& ws,

@@ -10,11 +10,13 @@
 #include <ATen/Parallel.h>
 
 #include <algorithm>
+#include <cctype>
 #include <cstdlib>
 #include <chrono>
 #include <cstring>
 #include <memory>
 #include <type_traits>
+#include <string>
 #include <vector>
 
 #include "kernels.h"
@@ -381,18 +383,27 @@ std::vector<torch::Tensor> linears(const torch::Tensor& x, const std::vector<tor
         fbias[i] = biases[i]->to(torch::kFloat32).contiguous();
         TORCH_CHECK(fbias[i].numel() == ws[i].size(0), "small_gemm: bad bias");
       }
-    if (std::all_of(ws.begin(), ws.end(), amx_packable)) {
-      outs = amx_linears(x2, ws, fbias);
-    } else {
+    // each weight on AMX tiles where it takes them (amx_gemm.cpp), else on the vector path: a weight's result never
+    // depends on the weights computed with it
+    std::vector<size_t> tiled, vectored;
+    for (size_t i = 0; i < ws.size(); ++i) (amx_packable(ws[i]) ? tiled : vectored).push_back(i);
+    outs.resize(ws.size());
+    if (!tiled.empty()) {
+      std::vector<torch::Tensor> tw, tb;
+      for (size_t i : tiled) tw.push_back(ws[i]), tb.push_back(fbias[i]);
+      auto got = amx_linears(x2, tw, tb);
+      for (size_t j = 0; j < tiled.size(); ++j) outs[tiled[j]] = got[j];
+    }
+    if (!vectored.empty()) {
       int64_t total = 0;
-      for (const auto& w : ws) total += M * w.size(0);
+      for (size_t i : vectored) total += M * ws[i].size(0);
       thread_local std::vector<float> sums;  // the float32 sums, before round_run
       if (static_cast<int64_t>(sums.size()) < total) sums.resize(total);
       std::vector<Segment<at::BFloat16>> segs;
       int64_t offset = 0;
-      for (size_t i = 0; i < ws.size(); ++i) {
+      for (size_t i : vectored) {
         const int64_t N = ws[i].size(0);
-        outs.push_back(torch::empty({M, N}, x.options()));
+        outs[i] = torch::empty({M, N}, x.options());
         segs.push_back({ws[i].data_ptr<at::BFloat16>(), N, sums.data() + offset, outs[i].data_ptr<at::BFloat16>(),
                         bias(i) ? fbias[i].data_ptr<float>() : nullptr});
         offset += M * N;
@@ -426,6 +437,18 @@ torch::Tensor gated_mlp(const torch::Tensor& x, const torch::Tensor& gate, const
 
 }  // namespace drafttree_kernels
 
+namespace {
+bool env_says_off(const char* name) {  // 0 / off / false / no, as the Python side reads its switches
+  const char* v = std::getenv(name);
+  if (v == nullptr) return false;
+  std::string s(v);
+  s.erase(0, s.find_first_not_of(" \t"));
+  s.erase(s.find_last_not_of(" \t") + 1);
+  std::transform(s.begin(), s.end(), s.begin(), [](unsigned char c) { return std::tolower(c); });
+  return s == "0" || s == "off" || s == "false" || s == "no";
+}
+}  // namespace
+
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   init_lanes();
   const bool exact = dot_matches_fma();
@@ -433,11 +456,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.attr("bf16_dot_exact") = exact;  // this CPU's vdpbf16ps gives the FMA path's bits
   m.attr("lanes") = LANES;  // the backend built here (16: AVX-512, 8: AVX2), part of cached cost curves' key
   m.attr("bf16_dot") = DOT_WORKS;
-  const char* amx_env = std::getenv("DRAFTTREE_AMX");
   using drafttree_kernels::AMX_ON, drafttree_kernels::AMX_READY;
-  AMX_ON = AMX_READY && !(amx_env != nullptr && std::strcmp(amx_env, "0") == 0);
+  AMX_ON = AMX_READY && !env_says_off("DRAFTTREE_AMX");
   m.attr("amx_ready") = AMX_READY;  // this build and this process can use AMX tiles
-  m.attr("amx") = AMX_ON;  // bf16 products of every row count take them (amx_gemm.cpp); DRAFTTREE_AMX=0: not  // many-row bf16 products take vdpbf16ps (exact, and the faster path here)
+  m.attr("amx") = AMX_ON;  // bf16 products of every row count take them (amx_gemm.cpp), unless DRAFTTREE_AMX=0  // many-row bf16 products take vdpbf16ps (exact, and the faster path here)
   m.def("linear", &drafttree_kernels::linear, py::arg("x"), py::arg("w"), py::arg("bias") = py::none(),
         py::call_guard<py::gil_scoped_release>());  // only torch ops inside: other Python threads keep running
   m.def("linears", &drafttree_kernels::linears, py::arg("x"), py::arg("ws"), py::arg("biases"),
@@ -452,6 +474,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("tree_attention", &drafttree_kernels::tree_attention, py::arg("q"), py::arg("k"), py::arg("v"),
         py::arg("mask"), py::arg("q_row"), py::arg("q_node"), py::arg("key_len"), py::arg("per_row"),
         py::arg("scale"), py::call_guard<py::gil_scoped_release>());
-  m.def("amx_register", &drafttree_kernels::amx_register, py::arg("w"), py::arg("tiles"));
+  m.def("amx_packable", &drafttree_kernels::amx_packable, py::arg("w"));
+  m.def("amx_pack", &drafttree_kernels::amx_pack, py::arg("w"), py::call_guard<py::gil_scoped_release>());
+  m.def("amx_register", &drafttree_kernels::amx_register, py::arg("w"), py::arg("tiles"),
+        py::call_guard<py::gil_scoped_release>());
+  m.def("amx_forget", &drafttree_kernels::amx_forget, py::call_guard<py::gil_scoped_release>());
   m.def("decode_layer", &drafttree_kernels::decode_layer, py::call_guard<py::gil_scoped_release>());
 }
