@@ -4,6 +4,9 @@ changes. Runs where this CPU has AMX (Sapphire Rapids and later Xeons); elsewher
 from __future__ import annotations
 
 import gc
+import os
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -136,12 +139,9 @@ def test_the_default_model_in_bf16_verifies_a_chain_with_the_logits_of_one_token
 def test_amx_is_on_where_the_cpu_has_it_and_off_when_switched_off():
     """Where /proc/cpuinfo lists AMX the tiles are used (a failed permission request or build would otherwise pass
     every test here by skipping), and DRAFTTREE_AMX=0 (or off) keeps every product on the vector path."""
-    import os
-    import subprocess
-    import sys
-
     flags = set(gemm._cpu_flags().split())
-    if {"amx_bf16", "amx_tile"} <= flags and os.environ.get("DRAFTTREE_AMX", "1") not in ("0", "off", "false", "no"):
+    switch = os.environ.get("DRAFTTREE_AMX", "1").strip().lower()
+    if {"amx_bf16", "amx_tile"} <= flags and switch not in ("0", "off", "false", "no"):
         assert ext.amx_ready and gemm.amx_on()
     code = ("import torch; from drafttree.kernels import gemm; e = gemm.small_gemm(); "
             "m = torch.nn.Linear(64, 32).to(torch.bfloat16); "

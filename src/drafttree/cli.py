@@ -203,11 +203,12 @@ def cmd_calibrate(args) -> int:
 
         stock = load_model(args.model, dtype=args.dtype, device=args.device, show_progress=False).model
         curves = {f"ms {k}": v for k, v in compiled_vs_ours(runner, stock, sizes=sizes, show_progress=True).items()}
-    if kernel == "on" and lm.dtype == torch.bfloat16 and amx_on():
-        kernel += ", bf16 products on AMX tiles"
-    elif kernel == "on" and lm.dtype == torch.bfloat16:  # which bf16 tile path this CPU timed faster at load
-        kernel += ", bf16 tiles " + ("vdpbf16ps" if getattr(small_gemm(), "bf16_dot", False) else "FMA")
-        kernel += ", prefill products " + ("float32 (widened)" if wide_bf16_products() else "torch bf16")
+    if kernel == "on" and lm.dtype == torch.bfloat16:
+        if amx_on():
+            kernel += ", bf16 products on AMX tiles"
+        else:  # which bf16 tile path this CPU timed faster at load
+            kernel += ", bf16 tiles " + ("vdpbf16ps" if getattr(small_gemm(), "bf16_dot", False) else "FMA")
+            kernel += ", prefill products " + ("float32 (widened)" if wide_bf16_products() else "torch bf16")
     print(f"verify cost of {lm.name} ({str(lm.dtype).replace('torch.', '')} on {lm.device}, "
           f"{runner_threads()} threads, small-GEMM kernel {kernel}), {state}: {path}")
     floor = weight_bytes(lm.model) / read_bandwidth(runner.device)

@@ -1,19 +1,18 @@
-// bf16 products on Intel AMX tiles (Sapphire/Emerald/Granite Rapids), for every row count the kernel takes.
+// bf16 products on Intel AMX tiles (Sapphire/Emerald/Granite Rapids), for every row count.
 //
 // Why: a vector-FMA tile is bound by arithmetic from ~4 rows on, so a 16-token tree cost ~2.2 one-token steps on an
 // AMX Xeon; one tdpbf16ps multiplies a 16-row input tile by a 16-column weight tile over 32 elements of K at once,
 // so up to 16 rows cost what one row costs (the weights' read from memory), 32 rows little more.
 // Numerics: float32 sums of exact bf16 products (denormals flushed, as the instruction does), in one fixed order per
 // output: K from first to last, whatever the number of rows, so a row's result never depends on the rows computed
-// with it; every row count (1 to the kernel's limit) takes this path, so a tree gives the logits a one-token step
+// with it; every row count (a token, a tree, a prompt) takes this path, so a tree gives the logits a one-token step
 // would. The sums differ in order from the vector path's, as two GEMM libraries' do.
-// Weights are repacked once into tiles ([N/16, K/32, 16 pairs of K, 16 columns x 2]) and kept beside the original
-// (looked up by the weight's storage; a weight freed or changed in place is repacked).
+// Weights are repacked once into tiles (amx_pack) and kept beside the original, looked up by (address, rows,
+// columns) and checked against the weight's storage and version counter (a weight freed or changed in place is
+// repacked).
 #include <ATen/Parallel.h>
 
 #include <algorithm>
-#include <cmath>
-#include <cstdlib>
 #include <cstring>
 #include <mutex>
 #include <map>
@@ -70,6 +69,17 @@ void sweep(std::vector<Packed>& dropped) {
 
 int64_t version_of(const torch::Tensor& w) { return w.is_inference() ? -1 : static_cast<int64_t>(w._version()); }
 
+// w's tiles into the cache (the lock held), in place of freed weights' and of w's earlier ones (into `dropped`).
+void store(const torch::Tensor& w, const torch::Tensor& tiles, std::vector<Packed>& dropped) {
+  sweep(dropped);
+  auto it = packed_cache.find(key_of(w));
+  if (it != packed_cache.end()) {
+    dropped.push_back(std::move(it->second));
+    packed_cache.erase(it);
+  }
+  packed_cache.emplace(key_of(w), Packed{w.storage().getWeakStorageImpl(), version_of(w), tiles.view({-1})});
+}
+
 #ifdef DRAFTTREE_AMX
 struct alignas(64) TileConfig {
   uint8_t palette = 1, start_row = 0;
@@ -122,16 +132,21 @@ void tile_pair(const BF16* x, const BF16* x1, int64_t K, const BF16* w0, const B
 const bool AMX_READY = amx_usable();
 bool AMX_ON = false;
 
+namespace {
+bool tile_shape(const torch::Tensor& w) {  // bf16 [N, K], N a multiple of 16 (columns of a tile), K of 32
+  return w.scalar_type() == torch::kBFloat16 && w.dim() == 2 && w.size(0) % 16 == 0 && w.size(1) % 32 == 0 &&
+         w.size(0) > 0 && w.size(1) > 0;
+}
+}  // namespace
+
 bool amx_packable(const torch::Tensor& w) {
-  return AMX_ON && w.scalar_type() == torch::kBFloat16 && w.dim() == 2 && w.size(0) % 16 == 0 &&
-         w.size(1) % 32 == 0 && w.size(0) > 0 && w.size(1) > 0 && w.is_contiguous();
+  return AMX_ON && w.device().is_cpu() && tile_shape(w) && w.is_contiguous();
 }
 
 // A weight [N, K] as tiles of 16 pairs of K x 16 columns x 2 (1 KiB; tdpbf16ps's layout), the blocks of 16 columns
 // in pairs whose tiles alternate along K ([N / 32][K / 32][2][16][16][2]), an odd last block's tiles after them.
 torch::Tensor amx_pack(const torch::Tensor& w) {
-  TORCH_CHECK(w.scalar_type() == torch::kBFloat16 && w.dim() == 2 && w.size(0) % 16 == 0 && w.size(1) % 32 == 0,
-              "amx_pack: a bf16 weight of 16k rows and 32k columns");
+  TORCH_CHECK(tile_shape(w), "amx_pack: a bf16 weight of 16k rows and 32k columns");
   c10::InferenceMode guard;
   const int64_t N = w.size(0), K = w.size(1), paired = N / 32 * 32;
   auto out = torch::empty({N * K}, w.options());
@@ -156,14 +171,8 @@ torch::Tensor amx_tiles(const torch::Tensor& w) {
   if (it != packed_cache.end() && it->second.storage.lock().get() == w.storage().unsafeGetStorageImpl() &&
       it->second.version == version_of(w))
     return it->second.tiles;
-  sweep(dropped);
   const torch::Tensor tiles = amx_pack(w);
-  it = packed_cache.find(key);
-  if (it != packed_cache.end()) {
-    dropped.push_back(std::move(it->second));
-    packed_cache.erase(it);
-  }
-  packed_cache.emplace(key, Packed{w.storage().getWeakStorageImpl(), version_of(w), tiles});
+  store(w, tiles, dropped);
   return tiles;
 }
 
@@ -174,13 +183,7 @@ void amx_register(const torch::Tensor& w, const torch::Tensor& tiles) {
               tiles.numel() == w.numel(), "amx_register: not a packable weight and its tiles");
   std::vector<Packed> dropped;
   std::lock_guard<std::mutex> guard(packed_lock);
-  sweep(dropped);
-  auto it = packed_cache.find(key_of(w));
-  if (it != packed_cache.end()) {
-    dropped.push_back(std::move(it->second));
-    packed_cache.erase(it);
-  }
-  packed_cache.emplace(key_of(w), Packed{w.storage().getWeakStorageImpl(), version_of(w), tiles.view({-1})});
+  store(w, tiles, dropped);
 }
 
 // Forget every weight's tiles (after writes the cache cannot see); they are packed again on next use.
@@ -203,17 +206,12 @@ std::vector<torch::Tensor> amx_linears(const torch::Tensor& x2, const std::vecto
   }
   if (M == 0) return outs;
 #ifdef DRAFTTREE_AMX
-  // up to 16 rows: tiles of exactly M rows; more: blocks of 16, the last one's rows past M read from a zeroed copy
-  // (their sums are never read)
+  // up to 16 rows: tiles of exactly M rows; more: blocks of 16, the last one ending at row M (it overlaps the one
+  // before; a tile row's sums do not depend on the others, so the overlap's rows are the same and written once)
   const int tile_rows = static_cast<int>(std::min<int64_t>(M, 16));
-  const int64_t blocks_of_rows = M <= 16 ? 1 : (M + 15) / 16;
+  const int64_t blocks_of_rows = (M + 15) / 16;
   const BF16* xd = x2.data_ptr<BF16>();
-  std::vector<BF16> last;
-  if (M > 16 && M % 16 != 0) {
-    last.assign(16 * K, BF16(0.0f));
-    std::memcpy(static_cast<void*>(last.data()), xd + (M / 16) * 16 * K, (M % 16) * K * sizeof(BF16));
-  }
-  auto row_block = [&](int64_t r) { return r == M / 16 && !last.empty() ? last.data() : xd + r * 16 * K; };
+  auto start = [&](int64_t r) { return M <= 16 ? int64_t{0} : std::min(r * 16, M - 16); };
   at::parallel_for(0, first.back(), 1, [&](int64_t u0, int64_t u1) {
     configure_tiles(tile_rows);
     float sums[32 * 32];
@@ -230,14 +228,16 @@ std::vector<torch::Tensor> amx_linears(const torch::Tensor& x2, const std::vecto
       BF16* out = outs[s].data_ptr<BF16>();
       for (int64_t r = 0; r < blocks_of_rows; r += 2) {
         const bool two_rows = r + 1 < blocks_of_rows;
-        const BF16* x0 = row_block(r);
-        const BF16* x1 = two_rows ? row_block(r + 1) : nullptr;
+        const BF16* x0 = xd + start(r) * K;
+        const BF16* x1 = two_rows ? xd + start(r + 1) * K : nullptr;
         if (two_rows && two_cols) tile_pair<true, true>(x0, x1, K, w0, w1, step, sums);
         else if (two_rows) tile_pair<true, false>(x0, x1, K, w0, w1, step, sums);
         else if (two_cols) tile_pair<false, true>(x0, x1, K, w0, w1, step, sums);
         else tile_pair<false, false>(x0, x1, K, w0, w1, step, sums);
-        for (int64_t i = 0, row = r * 16; i < 32 && row < M; ++i, ++row)
-          round_run(sums + i * 32, bias, out + row * N + n0, width);
+        for (int64_t row = r * 16; row < std::min(M, (r + 2) * 16); ++row) {  // sums row: block, then row in it
+          const int64_t block = row < (r + 1) * 16 ? r : r + 1;
+          round_run(sums + ((block - r) * 16 + row - start(block)) * 32, bias, out + row * N + n0, width);
+        }
       }
     }
     _tile_release();

@@ -7,7 +7,8 @@ float32 (the weights' values as stored: float32, or bf16 widened exactly) and is
 
 It is built on first use with torch's ``cpp_extension`` (g++, ``-march=native``) into the drafttree cache and
 used only where it applies: CPU with AVX-512 or AVX2 + FMA (the vector width is chosen when it is built),
-float32/bf16, no autograd, at most :data:`MAX_ROWS` rows, and only inside :func:`fast_linears` blocks, so the
+float32/bf16, no autograd, at most :data:`MAX_ROWS` rows (bf16 products on AMX tiles: any row count, see
+``amx_gemm.cpp`` and :func:`many_rows_linear`), and only inside :func:`fast_linears` blocks, so the
 same model object runs torch's own kernels everywhere else (e.g. Hugging Face's ``generate``, our ``hf-ar``
 baseline). ``DRAFTTREE_KERNELS=0`` turns it off; any build problem is one warning line and torch from then on.
 The same extension holds the decode-attention kernel (``tree_attention.cpp``, used by ``attention.py``); both share
@@ -36,8 +37,8 @@ from drafttree.paths import cache_dir
 # before the tiles' inner loop was unrolled; not measured there since.
 MAX_ROWS = 64
 SOURCE = Path(__file__).with_name("small_gemm.cpp")
-# the extension: the GEMM (and the module), decode attention, RMSNorm and rotary, a whole decode layer, and the vector
-# backend they share
+# the extension: the GEMM (and the module), bf16 products on AMX tiles, decode attention, RMSNorm and rotary, a whole
+# decode layer, and the vector backend they share
 SOURCES = tuple(SOURCE.with_name(n) for n in ("small_gemm.cpp", "amx_gemm.cpp", "tree_attention.cpp", "layer_ops.cpp",
                                               "decode_layer.cpp", "kernels.h", "simd.h"))
 _DTYPES = (torch.float32, torch.bfloat16)
@@ -152,7 +153,7 @@ def pack_tiles(model: torch.nn.Module) -> int:
     if not amx_on():
         return 0
     weights = list({id(m.weight): m.weight for m in model.modules() if isinstance(m, torch.nn.Linear)
-                    and m.weight.is_cpu and _ext.amx_packable(m.weight)}.values())
+                    and _ext.amx_packable(m.weight)}.values())
     sizes = [-(-w.numel() * 2 // ALIGN) * ALIGN for w in weights]
     raw = huge_page_bytes(sum(sizes)) if weights else None
     offset = 0
@@ -197,13 +198,14 @@ def linear(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None) -
     return many_rows_linear(x, w, bias)
 
 
-# Many-row bf16 products (prefill: a prompt's hundreds of rows) are bound by arithmetic, not memory. Where the CPU's
-# bf16 dot instruction is slow (the 2-core Emerald Rapids Xeon: vdpbf16ps ~0.4 a cycle, no AMX) torch's bf16 GEMM
-# runs at ~150 GFLOP/s while its float32 GEMM on the same values widened reaches ~250-330 (128-1024 rows); where bf16
-# is fast (AMX, Zen 4) torch's own path stays. Which is faster is timed once per process (a clear margin is needed,
-# so the choice does not flip between runs); DRAFTTREE_WIDE_BF16=0/1 fixes it. Either way every product of two bf16
-# values is exact in float32, sums are float32 and the result is rounded to bf16 once: only the order of the sums
-# differs, as between any two GEMM libraries.
+# Many-row bf16 products (prefill: a prompt's hundreds of rows) are bound by arithmetic, not memory. With AMX on
+# (amx_on) they take the tiles (~1.5-2.7 TFLOP/s on the 2-core Xeon of stop 41). Without it, where the CPU's bf16 dot
+# instruction is slow (the 2-core Emerald Rapids VMs of stops 32-40: vdpbf16ps ~0.4 a cycle, AMX not exposed) torch's
+# bf16 GEMM runs at ~150 GFLOP/s while its float32 GEMM on the same values widened reaches ~250-330 (128-1024 rows);
+# where bf16 is fast (Zen 4) torch's own path stays. Which is faster is timed once per process (a clear margin is
+# needed, so the choice does not flip between runs); DRAFTTREE_WIDE_BF16=0/1 fixes it. Either way every product of two
+# bf16 values is exact in float32, sums are float32 and the result is rounded to bf16 once: only the order of the
+# sums differs, as between any two GEMM libraries.
 WIDE_MIN_ROWS = MAX_ROWS + 1  # 65 rows: 1.1-1.2x faster widened here; 96: 0.9-1.2x; 128 and more: 1.4-1.9x
 WIDE_CHUNK = 1 << 22  # weight elements widened at a time (16 MB of float32): an LM head is not copied whole
 _wide: bool | None = None
@@ -260,12 +262,10 @@ def many_rows_linear(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None
     products only: fast_linears blocks and the drafters' :func:`linear`; never under torch_linears or with autograd;
     see WIDE_MIN_ROWS)."""
     if (x.dtype is torch.bfloat16 and w.dtype is torch.bfloat16 and x.is_cpu and w.is_cpu and not _active.off
-            and amx_on() and x.dim() >= 1 and w.dim() == 2 and x.shape[-1] == w.shape[1] and _ext.amx_packable(w)
             and not torch.is_grad_enabled() and (bias is None or bias.dtype is torch.bfloat16)):
-        return _ext.linear(x, w, bias)  # AMX tiles take any row count (~2 TFLOP/s here: a prompt's products too)
-    if (x.dtype is torch.bfloat16 and w.dtype is torch.bfloat16 and x.is_cpu and w.is_cpu and not _active.off
-            and x.dim() >= 2 and w.dim() == 2 and x.numel() >= WIDE_MIN_ROWS * x.shape[-1]
-            and not torch.is_grad_enabled() and (bias is None or bias.dtype is torch.bfloat16)
-            and wide_bf16_products()):
-        return _widened(x, w, bias)
+        if amx_on() and _ext.amx_packable(w) and x.dim() >= 1 and x.shape[-1] == w.shape[1]:
+            return _ext.linear(x, w, bias)  # AMX tiles take any row count (a prompt's products too)
+        if (x.dim() >= 2 and w.dim() == 2 and x.numel() >= WIDE_MIN_ROWS * x.shape[-1]
+                and wide_bf16_products()):
+            return _widened(x, w, bias)
     return F.linear(x, w, bias)

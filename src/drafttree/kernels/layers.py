@@ -410,6 +410,7 @@ def _install(model: torch.nn.Module) -> None:
     through one :class:`SharedInput` each, and Llama-style RMSNorms through the kernel (once per model)."""
     if getattr(model, "_drafttree_small_gemm", False):
         return
+    gemm.pack_tiles(model)  # first: the checks below run products (where bf16 products take AMX tiles)
     for module in model.modules():
         for names in SHARED_INPUT_NAMES:
             parts = [getattr(module, n, None) for n in names]
@@ -430,7 +431,6 @@ def _install(model: torch.nn.Module) -> None:
             biases = any(getattr(module, n).bias is not None for n in ("gate_proj", "up_proj", "down_proj"))
             module.forward = functools.partial(_mlp_forward, module, biases)
     _install_rotary(model)
-    gemm.pack_tiles(model)  # before the checks below run products (where bf16 products take AMX tiles)
     for module in model.modules():  # last: a lean layer calls the functions installed above
         lean = _lean_layer(module) if "forward" not in module.__dict__ else None
         if lean is not None:

@@ -1,4 +1,5 @@
-// y = x W^T (+ b) for the few rows of decoding (1 to ~48: a token, a draft tree, a batch of trees).
+// y = x W^T (+ b) for the few rows of decoding (1 to ~48: a token, a draft tree, a batch of trees); on CPUs with AMX
+// every bf16 product goes to amx_gemm.cpp instead (any row count; its own summation order).
 //
 // Why: torch's CPU GEMM packs the weight matrix on every call, so a product with a handful of rows reads the
 // weights several times over; decoding is a stream of exactly such products. Here each block of weight rows
@@ -6,7 +7,7 @@
 // Numerics: float32 accumulation of products of the stored values (float32, or bf16 widened exactly), one
 // fixed summation order per output whatever the number of rows: a row's result does not depend on the
 // rows computed with it (tree verification gives the logits a one-token step would, for products the
-// kernel takes: up to gemm.py's MAX_ROWS rows; bigger ones go to torch).
+// kernel takes: up to gemm.py's MAX_ROWS rows; bigger ones go to torch, or to the AMX tiles).
 #include <ATen/Parallel.h>
 
 #include <algorithm>
@@ -15,8 +16,8 @@
 #include <chrono>
 #include <cstring>
 #include <memory>
-#include <type_traits>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "kernels.h"
@@ -455,11 +456,11 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   DOT_WORKS = exact && dot_wanted();
   m.attr("bf16_dot_exact") = exact;  // this CPU's vdpbf16ps gives the FMA path's bits
   m.attr("lanes") = LANES;  // the backend built here (16: AVX-512, 8: AVX2), part of cached cost curves' key
-  m.attr("bf16_dot") = DOT_WORKS;
+  m.attr("bf16_dot") = DOT_WORKS;  // many-row bf16 products take vdpbf16ps (exact, and the faster path here)
   using drafttree_kernels::AMX_ON, drafttree_kernels::AMX_READY;
   AMX_ON = AMX_READY && !env_says_off("DRAFTTREE_AMX");
   m.attr("amx_ready") = AMX_READY;  // this build and this process can use AMX tiles
-  m.attr("amx") = AMX_ON;  // bf16 products of every row count take them (amx_gemm.cpp), unless DRAFTTREE_AMX=0  // many-row bf16 products take vdpbf16ps (exact, and the faster path here)
+  m.attr("amx") = AMX_ON;  // bf16 products of every row count take them (amx_gemm.cpp), unless DRAFTTREE_AMX=0
   m.def("linear", &drafttree_kernels::linear, py::arg("x"), py::arg("w"), py::arg("bias") = py::none(),
         py::call_guard<py::gil_scoped_release>());  // only torch ops inside: other Python threads keep running
   m.def("linears", &drafttree_kernels::linears, py::arg("x"), py::arg("ws"), py::arg("biases"),
