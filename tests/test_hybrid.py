@@ -505,5 +505,5 @@ def test_the_draft_gate_is_an_option_of_the_composition():
     tl = LoadedModel(tiny_causal_lm("llama", vocab=40, hidden=32, seed=3), None, "tiny", "")
     draft = LoadedModel(tiny_causal_lm("llama", vocab=40, hidden=32, seed=4), None, "tiny-draft", "")
     gates = [make_drafter("hybrid", tl, draft, None, total_tokens=4, **kw).draft_gate.enabled
-             for kw in ({}, {"draft_gate": False}, {"gate": False})]
-    assert gates == [True, False, False]
+             for kw in ({}, {"draft_gate": True}, {"draft_gate": True, "gate": False})]
+    assert gates == [False, True, False]  # off unless asked for (options.py), and only with the costly sources' gate
