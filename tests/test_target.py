@@ -170,3 +170,26 @@ def test_the_cache_goes_under_the_name_the_forward_takes_without_deprecation_war
         idx = torch.arange(3)
         runner.forward_tree(torch.tensor([4, 5, 6]), idx, idx[:, None] >= idx[None, :])
     assert not [w for w in caught if "past_key_values" in str(w.message)]
+
+
+def test_bf16_verify_keeps_the_lm_heads_dtype_and_greedy_choices_equal_the_widened_ones():
+    """Greedy acceptance needs each node's argmax, not a float32 copy of [n, V] (issue 13): the verifier returns the
+    LM head's bf16 logits, and accepting on them picks exactly what accepting on their float32 widening picks."""
+    from drafttree.accept import accept_greedy
+
+    model = tiny_causal_lm("llama", vocab=50, seed=1, dtype=torch.bfloat16)
+    tm = TargetModel(model)
+    tm.prefill(torch.randint(2, 50, (9,), generator=torch.Generator().manual_seed(0)))
+    for seed in range(6):
+        tree = _random_tree(10, 50, seed=seed)
+        out = tm.forward_tree(tree.tokens, tree.depths, tree.ancestors)
+        assert out.logits.dtype == torch.bfloat16
+        # a tree whose every node is the argmax at its parent, so acceptance walks deep, and the random one
+        assert accept_greedy(tree, out.logits) == accept_greedy(tree, out.logits.float())
+        best = out.logits.argmax(-1)
+        tm.discard_pending()
+        guided = DraftTree.from_parents(torch.cat([tree.tokens[:1], best[tree.parents[1:]]]), tree.parents)
+        out = tm.forward_tree(guided.tokens, guided.depths, guided.ancestors)
+        path, nxt = accept_greedy(guided, out.logits)
+        assert len(path) >= 2 and (path, nxt) == accept_greedy(guided, out.logits.float())
+        tm.discard_pending()

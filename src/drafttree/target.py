@@ -21,7 +21,9 @@ from drafttree.kernels import fast_linears
 
 @dataclass
 class ForwardOutput:
-    logits: torch.Tensor  # [n, vocab] float32: next-token logits at every input position
+    # [n, vocab] next-token logits at every input position, in the LM head's dtype (float32 where a softcap applies):
+    # greedy acceptance needs only their argmax; whoever needs probabilities widens the rows it reads
+    logits: torch.Tensor
     # [n, hidden] the LM head's input (last hidden state after the final norm); with ``feature_layers``,
     # [n, k * hidden]: the inputs of those layers side by side (what an EAGLE-3 head drafts from)
     features: torch.Tensor
@@ -100,9 +102,9 @@ class TargetModel:
 
     def logits(self, features: torch.Tensor) -> torch.Tensor:
         with fast_linears(self.model):
-            out = self.lm_head(features).float()
+            out = self.lm_head(features)
         if self.softcap:
-            out = torch.tanh(out / self.softcap) * self.softcap
+            out = torch.tanh(out.float() / self.softcap) * self.softcap
         return out
 
     def _new_cache(self) -> DynamicCache:

@@ -39,7 +39,7 @@ class _DraftLMStepper:
     def expand(self, tokens, parent_slots, attend, depth):
         positions = torch.full((tokens.shape[0],), self.lm.length - 1 + depth, dtype=torch.long)
         out = self.lm.forward_nodes(tokens, positions, attend)
-        return torch.log_softmax(out.logits[:, : self.vocab], dim=-1)
+        return torch.log_softmax(out.logits[:, : self.vocab].float(), dim=-1)
 
 
 class DraftLMState:
@@ -78,7 +78,7 @@ class DraftLMState:
             out = self.lm.forward_nodes(self._ids(new), positions, causal)
             self.lm.commit(list(range(n)))
         self.fed = len(context)
-        return torch.log_softmax(out.logits[-1, : self.vocab], dim=-1)
+        return torch.log_softmax(out.logits[-1, : self.vocab].float(), dim=-1)
 
     def stepper(self, context: list[int]) -> _DraftLMStepper:
         return _DraftLMStepper(self.lm, self.catch_up(context), self.vocab)

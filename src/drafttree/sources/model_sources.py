@@ -249,7 +249,7 @@ class DraftLMSource(ExpandingSource):
         toks = torch.tensor([t for t, _, _ in chain], dtype=torch.long)
         out = lm.forward_nodes(self.lm._ids(toks.tolist()), torch.arange(lm.length, lm.length + n),
                                torch.tril(torch.ones(n, n, dtype=torch.bool)))
-        root_lp = torch.log_softmax(out.logits[-1, : self.lm.vocab], dim=-1)
+        root_lp = torch.log_softmax(out.logits[-1, : self.lm.vocab].float(), dim=-1)
         stepper = _PrefixedStepper(lm, root_lp, self.lm.vocab, n)
         if rc.sampling is not None:  # its root is the chain's last node, n deeper than the round's root
             stepper = coupled(stepper, rc.sampling, rc.noise, rc.root_pos + n)
@@ -330,4 +330,4 @@ class _PrefixedStepper:
         positions = torch.full((m,), self.lm.length - 1 + self.prefix + depth, dtype=torch.long)
         seen = torch.cat([torch.ones(m, self.prefix, dtype=torch.bool, device=attend.device), attend], dim=1)
         out = self.lm.forward_nodes(tokens, positions, seen)
-        return torch.log_softmax(out.logits[:, : self.vocab], dim=-1)
+        return torch.log_softmax(out.logits[:, : self.vocab].float(), dim=-1)
