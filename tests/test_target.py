@@ -184,10 +184,10 @@ def test_bf16_verify_keeps_the_lm_heads_dtype_and_greedy_choices_equal_the_widen
         tree = _random_tree(10, 50, seed=seed)
         out = tm.forward_tree(tree.tokens, tree.depths, tree.ancestors)
         assert out.logits.dtype == torch.bfloat16
-        # a tree whose every node is the argmax at its parent, so acceptance walks deep, and the random one
         assert accept_greedy(tree, out.logits) == accept_greedy(tree, out.logits.float())
         best = out.logits.argmax(-1)
         tm.discard_pending()
+        # the same shape with every node the argmax at its parent in the random tree: acceptance walks deeper
         guided = DraftTree.from_parents(torch.cat([tree.tokens[:1], best[tree.parents[1:]]]), tree.parents)
         out = tm.forward_tree(guided.tokens, guided.depths, guided.ancestors)
         path, nxt = accept_greedy(guided, out.logits)
