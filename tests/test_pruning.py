@@ -145,3 +145,54 @@ def test_the_gates_weigh_a_round_without_its_catch_up():
     hd.propose(DraftRequest([1, 2, 2], 2, 8, Sampling(), None))
     hd.observe([2, 3], torch.zeros(2, 4), 7)
     assert list(hd.gates[0].cost.values()) == [pytest.approx(0.25)]
+
+
+def test_a_level_rate_counts_tested_parents_and_an_undrafted_level_reads_as_the_one_above():
+    """What expanding a node is worth is P(one of its children is accepted | it was): three siblings tested beside
+    the accepted child must not dilute it to a third, and a depth the source never drafted must not read as a coin
+    toss (stop 42's L diagnostic: the draft LM drafted one level a round forever, its depth 2 stuck at the prior)."""
+    from drafttree.sources.base import Calibration
+
+    cal = Calibration(torch.full((8,), 0.5), levels=4)
+    assert cal.level_rate(0) == pytest.approx(0.5) and cal.level_rate(3) == pytest.approx(0.5)
+    for _ in range(20):  # each round: the root's four children tested, the first accepted
+        cal.update_levels([0, 0, 0, 0], [0, 0, 0, 0], [True, False, False, False])
+    assert cal.level_rate(0) == pytest.approx(21 / 22)
+    assert cal.level_rate(1) > 0.9 and cal.level_rate(3) > 0.9, "undrafted depths inherit the depth above"
+    for _ in range(20):  # depth 2: two parents tested, one child accepted below one of them
+        cal.update_levels([1, 1, 1], [5, 5, 6], [True, False, False])
+    assert cal.level_rate(1) == pytest.approx((20 + 2 * 21 / 22) / (40 + 2))
+    cal.decay(0.5)
+    assert cal.level_tests == pytest.approx([10.0, 20.0, 0.0, 0.0])
+    assert cal.fresh().level_tests == [0.0] * 4
+
+
+def test_the_hybrid_teaches_a_model_source_its_level_rates_per_tested_parent():
+    """After verification the hybrid passes each model source's tested nodes with their parents: a chain of three
+    accepted drafts is one test and one hit at each of its levels, whatever else was verified beside it."""
+    from drafttree.budget import CostModel, TreeBudget
+    from drafttree.drafters.base import DraftRequest
+    from drafttree.sources.model_sources import ExpandingSource
+
+    class Source(ExpandingSource):
+        def _stepper(self, rc):
+            return self.stepper
+
+        def begin(self, *a):
+            pass
+
+        def observe(self, *a):
+            pass
+
+    src = Source(top_k=2, depth=3, max_total=16, cost_curve=lambda n: 1.0)
+    src.cost, src.stepper = 0.0, PeakedStepper(0.95)
+    budget = TreeBudget(CostModel([1, 2, 4, 8, 16], [1.0, 1.0, 1.0, 1.0, 1.0]), max_total=16, min_total=1)
+    hd = HybridDrafter([src], budget=budget, gate=False)
+    hd.begin(torch.tensor([1, 3]), torch.zeros(2, 4), 3)
+    req = DraftRequest([1, 3], 3, 3, Sampling(), None)
+    tree = hd.propose(req)
+    assert tree.max_depth == 3 and tree.size > 4, "a confident, free source drafts three levels, siblings too"
+    hd.observe([3, 3, 3, 3], torch.zeros(4, 4), 3)  # PeakedStepper's top guess after 3 is 3: all three accepted
+    cal = src.calibration
+    assert cal.level_tests[:3] == [1.0, 1.0, 1.0] and cal.level_hits[:3] == [1.0, 1.0, 1.0]
+    assert float(cal.trials.sum()) > 3, "the siblings still teach the probability cells"

@@ -199,8 +199,7 @@ class HybridDrafter(Drafter):
         self.gates, self.batch_gate = self._gate_sets[mode]
         for s, cal in zip(self.sources, self.calibrations[mode]):
             s.calibration = cal
-            cal.hits.mul_(0.5)
-            cal.trials.mul_(0.5)
+            cal.decay(0.5)
         self._fresh = False
 
     def _size(self, merged: MergedTree, spent: float, cost=None, context: int = 0) -> int:
@@ -338,16 +337,21 @@ class HybridDrafter(Drafter):
         for tok in committed[1:]:
             path.append(merged.child[(path[-1], tok)])
         on_path = set(path)
-        updates: dict[int, tuple[list[int], list[bool]]] = {}
+        updates: dict[int, tuple[list[int], list[bool], list[int]]] = {}
         for node in keep[1:]:
             if merged.parents[node] in on_path:  # this node was put to the test
                 hit = node in on_path
                 for src, c in merged.owners[node]:
-                    cells, outs = updates.setdefault(src, ([], []))
+                    cells, outs, parents = updates.setdefault(src, ([], [], []))
                     cells.append(c)
                     outs.append(hit)
-        for src, (cells, outs) in updates.items():
-            self.sources[src].calibration.update(cells, outs)
+                    parents.append(merged.parents[node])
+        for src, (cells, outs, parents) in updates.items():
+            source = self.sources[src]
+            source.calibration.update(cells, outs)
+            levels = getattr(source, "cell_levels", None)
+            if levels is not None:
+                source.calibration.update_levels(levels(cells), parents, outs)
         owners_on_path = [{s for s, _ in merged.owners[n]} for n in path[1:] if n in kept]
         for owners in owners_on_path:
             for s in owners:

@@ -24,12 +24,16 @@ if TYPE_CHECKING:
 class Calibration:
     """Acceptance rate per cell: observed hits / trials, shrunk towards a prior with ``strength`` pseudo-trials."""
 
-    def __init__(self, prior: torch.Tensor, strength: float = 4.0, floor: float = 1e-3):
+    def __init__(self, prior: torch.Tensor, strength: float = 4.0, floor: float = 1e-3, levels: int = 0):
         self.prior = prior.double().clamp(floor, 1 - floor)
         self.strength, self.floor = float(strength), float(floor)
         self.default = (self.prior.clone(), self.strength)  # before any fitted prior was applied
         self.hits = torch.zeros_like(self.prior)
         self.trials = torch.zeros_like(self.prior)
+        # per depth level (sources that expand level by level): accepted nodes, and accepted parents whose children
+        # were put to the test, so level_hits / level_tests = P(some child of an accepted node is accepted)
+        self.level_hits = [0.0] * levels
+        self.level_tests = [0.0] * levels
 
     def rate(self, cells: torch.Tensor) -> torch.Tensor:
         c = cells.cpu()
@@ -51,13 +55,43 @@ class Calibration:
         self.trials.index_add_(0, c, torch.ones(len(cells), dtype=torch.float64))
         self.hits.index_add_(0, c, torch.tensor(outcomes, dtype=torch.float64))
 
+    def update_levels(self, levels: list[int], parents: list[int], outcomes: list[bool]) -> None:
+        """Tested nodes by level (0-based, capped), with their parents: one test per distinct (level, parent)."""
+        tested = set()
+        for lv, parent, hit in zip(levels, parents, outcomes):
+            lv = min(lv, len(self.level_hits) - 1)
+            if lv < 0:
+                continue
+            if (lv, parent) not in tested:
+                tested.add((lv, parent))
+                self.level_tests[lv] += 1.0
+            self.level_hits[lv] += float(hit)
+
+    def level_rate(self, level: int, strength: float = 2.0) -> float:
+        """P(an accepted node's best child is accepted) at ``level`` (0-based), each level shrunk towards the level
+        above it (the first towards 1/2): a level never drafted reads as the one above, not as a coin toss, so a
+        source that stopped early is not kept shallow by the prior alone."""
+        rate = 0.5
+        for lv in range(min(level, len(self.level_hits) - 1) + 1):
+            rate = (self.level_hits[lv] + strength * rate) / (self.level_tests[lv] + strength)
+        return min(1.0, rate)
+
+    def decay(self, factor: float) -> None:
+        """Weigh what was observed so far by ``factor`` (a new generation: newer evidence counts more)."""
+        self.hits.mul_(factor)
+        self.trials.mul_(factor)
+        self.level_hits = [h * factor for h in self.level_hits]
+        self.level_tests = [t * factor for t in self.level_tests]
+
     def reset(self) -> None:
         self.hits.zero_()
         self.trials.zero_()
+        self.level_hits = [0.0] * len(self.level_hits)
+        self.level_tests = [0.0] * len(self.level_tests)
 
     def fresh(self) -> Calibration:
         """A calibration with this one's built-in default prior and no observations."""
-        return Calibration(self.default[0].clone(), self.default[1], self.floor)
+        return Calibration(self.default[0].clone(), self.default[1], self.floor, len(self.level_hits))
 
 
 @dataclass

@@ -48,7 +48,7 @@ class ExpandingSource:
                  prune_against: str = "best"):
         self.top_k, self.depth, self.max_total = int(top_k), int(depth), int(max_total)
         self.prune_against = prune_against  # what a deeper level must beat (budget.best_tree's rule)
-        self.calibration = Calibration(prob_prior())
+        self.calibration = Calibration(prob_prior(), levels=DEPTHS)
         self.cost_curve = cost_curve  # relative verify cost by tree size (target forwards), or None
 
     def calibrated(self, raw: torch.Tensor, depth: int) -> torch.Tensor:
@@ -120,12 +120,16 @@ class ExpandingSource:
         return deeper
 
     def level_rate(self, depth: int) -> float:
-        """Observed acceptance of this source's nodes at ``depth`` (all bins), prior-smoothed."""
+        """How often an accepted node of this source at ``depth - 1`` had a child accepted at ``depth``: what
+        expanding a node is worth. Counted per tested parent, not per tested node (siblings verified beside the
+        best child would otherwise dilute it), and a depth not yet drafted reads as the depth above it."""
+        return self.calibration.level_rate(min(depth, DEPTHS) - 1)
+
+    @staticmethod
+    def cell_levels(cells: list[int]) -> list[int]:
+        """The depth level (0-based) of each calibration cell (:func:`prob_cells`); -1 for another source's node."""
         nb = PROB_EDGES.numel() + 1
-        d = min(depth, DEPTHS) - 1
-        cal = self.calibration
-        sl = slice(d * nb, (d + 1) * nb)
-        return float((cal.hits[sl].sum() + 1.0) / (cal.trials[sl].sum() + 2.0))
+        return [c // nb if c >= 0 else -1 for c in cells]
 
 
 class HeadSource(ExpandingSource):
