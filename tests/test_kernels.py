@@ -445,10 +445,16 @@ def test_many_row_bf16_products_widened_to_float32_are_the_same_products(monkeyp
     torch.testing.assert_close(widened.float(), ref.float().bfloat16().float(), rtol=1 / 128, atol=1e-2)
     monkeypatch.setattr(gemm, "WIDE_CHUNK", 96 * 7)  # 7 output rows of the weight at a time
     with torch.no_grad():
-        assert torch.equal(gemm.many_rows_linear(x, model.weight, model.bias), widened)
+        chunked = gemm.many_rows_linear(x, model.weight, model.bias)
+        # every output column once, from its own block's float32 product (torch's GEMM may sum a 7-column block in
+        # another order than the whole weight: bitwise equal on AVX-512 CPUs, not on an AVX2 Zen 3), one rounding
+        blocks = [F.linear(x.float(), model.weight[a:a + 7].float(), None if wide_bias is None else wide_bias[a:a + 7])
+                  for a in range(0, 200, 7)]
+        assert torch.equal(chunked, torch.cat(blocks, dim=-1).bfloat16())
+        torch.testing.assert_close(chunked.float(), ref.float().bfloat16().float(), rtol=1 / 128, atol=1e-2)
     with torch.no_grad():
         with fast_linears(model):
-            assert torch.equal(model(x), widened)
+            assert torch.equal(model(x), chunked)  # the block takes the widened (chunked) path
             with layers.torch_linears():
                 assert torch.equal(model(x), F.linear(x, model.weight, model.bias))
             few = x[0, : gemm.WIDE_MIN_ROWS - 1]  # fewer rows (over the kernel's limit): torch's bf16 product

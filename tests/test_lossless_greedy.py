@@ -128,6 +128,16 @@ def test_auto_is_the_hybrid_and_lossless(shipped, references):
     _check_method(shipped, "hybrid", references)
 
 
+def test_auto_with_nothing_loaded_is_the_budgeted_ngram_hybrid_and_lossless(default_fp32, references):
+    """No head and no draft LM (any model of the user's own): auto is the hybrid with its n-gram source alone, sized
+    on the cost curve, not prompt lookup's fixed trees; it drafts where the context repeats and stays exact."""
+    sm = SpeculativeModel(default_fp32)
+    assert sm.method == "hybrid" and sm.head is None and sm.draft is None
+    assert [s.name for s in sm.drafter().sources] == ["ngram"]
+    taus = _check_method(sm, "auto", references)
+    assert max(taus) > 1.5, "the n-grams should get drafts accepted on the copy-heavy prompts"
+
+
 @pytest.mark.parametrize("with_head,extend", [(False, False), (True, False), (False, True)])
 def test_hybrid_with_a_draft_model_is_lossless(default_fp32, shipped, references, with_head, extend):
     draft = truncated_copy(default_fp32, 10)

@@ -118,8 +118,8 @@ class SpeculativeModel:
         """Load a target (and a draft LM or EAGLE head if the method needs one).
 
         ``head='auto'`` uses the head shipped for the target when there is one; ``method='auto'`` is
-        ``hybrid`` (context n-grams + the head and/or draft LM in one ranked tree) when a head or a draft model
-        is loaded, else prompt lookup.
+        ``hybrid``: context n-grams plus the head and/or draft LM when loaded, in one ranked tree sized for this
+        machine (the root alone, plain decoding, where no tree pays).
         """
         needs = "model"
         if method != "auto":  # fail before loading anything
@@ -133,15 +133,17 @@ class SpeculativeModel:
         if draft_model:
             draft = load_model(draft_model, dtype=target.dtype, device=target.device, show_progress=show_progress)
         eagle_head = None
-        if head and needs in ("head", "model"):
+        if head and needs in ("head", "model", "any"):
             from drafttree.heads import load_head_for
 
             eagle_head = load_head_for(target, None if head == "auto" else head, required=needs == "head")
         return cls(target, method=method, draft=draft, head=eagle_head, **method_options)
 
     def _resolve_method(self, method: str) -> str:
-        if method == "auto":  # every loaded source in one ranked tree; prompt lookup when nothing is loaded
-            return "hybrid" if self.head is not None or self.draft is not None else "lookup"
+        if method == "auto":  # every loaded source in one ranked tree (context n-grams alone when nothing is loaded:
+            # sized on the cost curve, the root alone where no tree pays; lookup's fixed trees lost to ar at L on an
+            # AVX2 CPU, docs/benchmark-notes.md stop 43)
+            return "hybrid"
         needs = check_method(method).needs
         if needs == "draft" and self.draft is None:
             raise DraftTreeError(f"method {method!r} needs a draft model (draft_model=... / --draft-model)")

@@ -23,7 +23,7 @@ class Method:
     """A method name's options schema, what it needs loaded, and how it builds its drafter."""
 
     schema: type
-    needs: str  # "", "head", "draft" or "model" (a head or a draft LM)
+    needs: str  # "", "head", "draft", "model" (a head or a draft LM) or "any" (whatever is loaded, maybe nothing)
     build: Callable  # (target, draft, head, options) -> Drafter
     doc: str
 
@@ -69,7 +69,7 @@ REGISTRY: dict[str, Method] = {
     "ar": Method(NoOptions, "", _ar, "plain decoding (one token per target forward)"),
     "lookup": Method(LookupOptions, "", _lookup, "prompt lookup: n-gram matches in the context"),
     "draft": Method(DraftLMOptions, "draft", _draft, "a draft LM's chain or top-k tree"),
-    "hybrid": Method(HybridOptions, "model", _hybrid, "n-grams + head + draft LM in one ranked tree"),
+    "hybrid": Method(HybridOptions, "any", _hybrid, "n-grams (+ head, draft LM if loaded) in one ranked tree"),
     "switch": Method(SwitchOptions, "model", _switch, "lookup when the context matches, else the model"),
     **{m: Method(EagleOptions, "head", _eagle(m), doc) for m, doc in [
         ("eagle-chain", "EAGLE head, greedy chain"),
@@ -82,7 +82,7 @@ REGISTRY: dict[str, Method] = {
 }
 METHODS = list(REGISTRY)
 HEAD_METHODS = [m for m, spec in REGISTRY.items() if spec.needs == "head"]
-COMPOSED_METHODS = [m for m, spec in REGISTRY.items() if spec.needs == "model"]  # any loaded head / draft LM
+COMPOSED_METHODS = [m for m, spec in REGISTRY.items() if spec.needs in ("model", "any")]  # any loaded head / draft LM
 
 
 def needs_head(method: str) -> bool:

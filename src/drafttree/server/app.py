@@ -56,7 +56,7 @@ class Service:
         self.model_name = sm.target.name
         self.created = int(time.time())
         have = {"": True, "head": sm.head is not None, "draft": sm.draft is not None,
-                "model": sm.head is not None or sm.draft is not None}
+                "model": sm.head is not None or sm.draft is not None, "any": True}
         self.methods = [m for m, spec in REGISTRY.items() if have[spec.needs]]
 
     def start(self) -> None:
