@@ -162,8 +162,11 @@ def test_a_level_rate_counts_tested_parents_and_an_undrafted_level_reads_as_the_
     for _ in range(20):  # depth 2: two parents tested, one child accepted below one of them
         cal.update_levels([1, 1, 1], [5, 5, 6], [True, False, False])
     assert cal.level_rate(1) == pytest.approx((20 + 2 * 21 / 22) / (40 + 2))
+    tests = list(cal.level_tests)
+    cal.update_levels([2, 2], [9, 9], [True, True])  # one node proposed twice by the source: one test, one hit
+    assert cal.level_tests[2] == tests[2] + 1 and cal.level_hits[2] == 1.0
     cal.decay(0.5)
-    assert cal.level_tests == pytest.approx([10.0, 20.0, 0.0, 0.0])
+    assert cal.level_tests == pytest.approx([10.0, 20.0, 0.5, 0.0])
     assert cal.fresh().level_tests == [0.0] * 4
 
 
@@ -195,4 +198,6 @@ def test_the_hybrid_teaches_a_model_source_its_level_rates_per_tested_parent():
     hd.observe([3, 3, 3, 3], torch.zeros(4, 4), 3)  # PeakedStepper's top guess after 3 is 3: all three accepted
     cal = src.calibration
     assert cal.level_tests[:3] == [1.0, 1.0, 1.0] and cal.level_hits[:3] == [1.0, 1.0, 1.0]
+    # the pruner asks the rate of the depth it would draft next (1-based, depth 4 and deeper one bucket)
+    assert src.level_rate(2) == cal.level_rate(1) and src.level_rate(9) == cal.level_rate(3)
     assert float(cal.trials.sum()) > 3, "the siblings still teach the probability cells"

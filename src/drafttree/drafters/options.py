@@ -113,7 +113,7 @@ class EagleOptions:
 class HybridOptions:
     """Every loaded source in one ranked tree (see drafters/hybrid.py)."""
 
-    ALIASES: ClassVar[dict[str, str]] = {}
+    ALIASES: ClassVar[dict[str, str]] = {"k": "num_tokens"}  # as lookup's, which auto was with nothing loaded
     sources: str = _opt("ngram+corpus+head+draft", "str", None, "sources to use, joined by +")
     top_k: int = _opt(8, "int", 1, "model sources' frontier width")
     depth: int = _opt(8, "int", 1, "model sources' deepest level")

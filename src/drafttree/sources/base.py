@@ -56,19 +56,20 @@ class Calibration:
         self.hits.index_add_(0, c, torch.tensor(outcomes, dtype=torch.float64))
 
     def update_levels(self, levels: list[int], parents: list[int], outcomes: list[bool]) -> None:
-        """Tested nodes by level (0-based, capped), with their parents: one test per distinct (level, parent)."""
-        tested = set()
+        """Tested nodes by level (0-based, capped), with their parents: one test per distinct (level, parent), a hit
+        when any of its children was accepted (a node the source proposed twice, as a draft LM extending another
+        source's branch may, counts once)."""
+        tested: dict[tuple[int, int], bool] = {}
         for lv, parent, hit in zip(levels, parents, outcomes):
             lv = min(lv, len(self.level_hits) - 1)
-            if lv < 0:
-                continue
-            if (lv, parent) not in tested:
-                tested.add((lv, parent))
-                self.level_tests[lv] += 1.0
+            if lv >= 0:
+                tested[(lv, parent)] = tested.get((lv, parent), False) or bool(hit)
+        for (lv, _), hit in tested.items():
+            self.level_tests[lv] += 1.0
             self.level_hits[lv] += float(hit)
 
     def level_rate(self, level: int, strength: float = 2.0) -> float:
-        """P(an accepted node's best child is accepted) at ``level`` (0-based), each level shrunk towards the level
+        """P(some child of an accepted node is accepted) at ``level`` (0-based), each level shrunk towards the level
         above it (the first towards 1/2): a level never drafted reads as the one above, not as a coin toss, so a
         source that stopped early is not kept shallow by the prior alone."""
         rate = 0.5
