@@ -127,9 +127,10 @@ class ExpandingSource:
 
     @staticmethod
     def cell_levels(cells: list[int]) -> list[int]:
-        """The depth level (0-based) of each calibration cell (:func:`prob_cells`); -1 for another source's node."""
+        """The depth level (0-based) of each calibration cell (:func:`prob_cells`; the hybrid passes only this
+        source's own cells: another source's node repeated here carries none)."""
         nb = PROB_EDGES.numel() + 1
-        return [c // nb if c >= 0 else -1 for c in cells]
+        return [c // nb for c in cells]
 
 
 class HeadSource(ExpandingSource):
