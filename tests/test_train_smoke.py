@@ -335,3 +335,31 @@ def test_sampled_distillation_reproduces_and_passes_the_cache_by_its_current_nam
     again = _sampled_answers(model, [[2, 3, 4], [5, 6]], 6, 1, 1.0, 0, "cpu")
     assert first == again and len(first) == 2 and 0 < len(first[0]) <= 6
     assert not [w for w in caught if "past_key_values" in str(w.message)]
+
+
+def test_a_time_budget_replans_the_last_step_from_the_measured_rate(monkeypatch):
+    """--max-seconds: at 1 step/s and 100 s, the schedule ends near step 100; out of time, at the step reached."""
+    import drafttree.train.head as head_mod
+
+    now = [1000.0]
+    monkeypatch.setattr(head_mod.time, "time", lambda: now[0])
+    budget = head_mod._TimeBudget(100.0, step=5, n_proc=1, every=10)
+    now[0] += 3
+    assert budget.plan(8, 1000, "cpu") == 1000, "between planning points the plan stands"
+    now[0] += 7  # 10 steps in 10 s
+    assert budget.plan(15, 1000, "cpu") == 15 + 90
+    assert budget.plan(15, 50, "cpu") == 50, "never beyond the steps the data or --max-steps allow"
+    now[0] += 200
+    assert budget.plan(25, 1000, "cpu") == 25, "out of time: the step reached is the last"
+    with pytest.raises(DraftTreeError, match="max-seconds"):
+        head_mod._TimeBudget(-1.0, step=0, n_proc=1)
+
+
+def test_training_under_a_time_budget_stops_and_saves_its_head(pipeline, default_fp32):
+    out = pipeline / "timed"
+    cfg = TrainConfig(features=str(pipeline / "features"), out=str(out), epochs=50, batch_tokens=256,
+                      draft_vocab=256, eval_samples=1, eval_every=0, save_every=0, ttt_steps=1,
+                      mixed_precision="no", warmup_steps=1, max_seconds=1e-6)
+    summary = train_head(default_fp32, cfg, show_progress=False)
+    assert summary["steps"] == 10, "the first planning point finds the time spent and ends the run there"
+    assert load_head(out / "head", default_fp32).draft_vocab.numel() == 256

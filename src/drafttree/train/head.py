@@ -85,6 +85,8 @@ class TrainConfig:
     head_kind: str = _opt("eagle1", "eagle1 (fc 2H->H, feature regression + CE) | eagle3 (the features' aux "
                                     "layers fused, CE against the target's distribution only)")
     max_steps: int = _opt(0, "stop after this many optimizer steps; the schedule ends there (0 = all epochs)")
+    max_seconds: float = _opt(0.0, "stop after this many seconds of this invocation (a lent machine's budget); "
+                                   "from the measured step rate the schedule is re-planned to end there (0 = no limit)")
     init_head: str = _opt("", "continue this head (weights, architecture and draft vocabulary) on the features")
     eval_after: int = _opt(0, "draw the held-out conversations only from this sample index on (e.g. those an "
                               "--init-head never trained on)")
@@ -181,6 +183,31 @@ def _init_head(cfg: TrainConfig, target):
         print(f"[drafttree] --init-head keeps its draft vocabulary of {len(init.draft_vocab)} tokens "
               f"(--draft-vocab {cfg.draft_vocab} applies to new heads only)", flush=True)
     return init
+
+
+class _TimeBudget:
+    """``--max-seconds``: after a few steps, the last step is re-planned from the measured rate (evaluations
+    included) so that the cosine schedule ends when the time does; every process plans the same step."""
+
+    def __init__(self, seconds: float, step: int, n_proc: int, every: int = 10):
+        if seconds < 0:
+            raise DraftTreeError(f"--max-seconds must be >= 0, got {seconds}")
+        self.active, self.seconds, self.n_proc, self.every = seconds > 0, seconds, n_proc, every
+        self.t0, self.step0 = time.time(), step
+
+    def plan(self, step: int, total: int, device) -> int:
+        done = step - self.step0
+        if done % self.every:
+            return total
+        elapsed = time.time() - self.t0
+        fits = step if elapsed >= self.seconds else step + int((self.seconds - elapsed) * done / elapsed)
+        if self.n_proc > 1:  # the slowest process decides, so that collectives keep pairing up
+            import torch.distributed as dist
+
+            t = torch.tensor([fits], device=device)
+            dist.all_reduce(t, op=dist.ReduceOp.MIN)
+            fits = int(t)
+        return max(step, min(total, fits))
 
 
 def _clock(progress: dict) -> dict:
@@ -294,6 +321,7 @@ def train_head(target, cfg: TrainConfig, resume: bool = False, show_progress: bo
     lm_w = target.model.get_output_embeddings().weight.detach()
     small_w = lm_w if raw.draft_vocab is None else lm_w[raw.draft_vocab.to(lm_w.device)].contiguous()
     t_start = time.time() - progress["seconds"]
+    budget = _TimeBudget(cfg.max_seconds, progress["step"], n_proc)
     bar = tqdm(total=total_steps, initial=progress["step"], desc="train head", unit="step",
                disable=not (show_progress and acc.is_main_process))
     info = {"train_samples": len(train_set), "eval_samples": len(eval_set), "extra_samples": n_extra,
@@ -305,7 +333,7 @@ def train_head(target, cfg: TrainConfig, resume: bool = False, show_progress: bo
     for epoch in range(progress["epoch"], cfg.epochs):
         batches = per_epoch[epoch][acc.process_index::acc.num_processes]
         for b in range(progress["batch"] if epoch == progress["epoch"] else 0, len(batches)):
-            if cfg.max_steps and progress["step"] >= cfg.max_steps:
+            if (cfg.max_steps and progress["step"] >= cfg.max_steps) or progress["step"] >= total_steps:
                 done = True
                 break
             ids, mask, valid, feats, inputs = (t.to(dev) for t in collate(train_set, batches[b], cfg.max_len, key))
@@ -327,6 +355,9 @@ def train_head(target, cfg: TrainConfig, resume: bool = False, show_progress: bo
             progress["tokens"] += int(valid.sum())
             progress["seconds"] = time.time() - t_start
             bar.update(1)
+            if budget.active:
+                total_steps = budget.plan(progress["step"], total_steps, dev)
+                bar.total = total_steps
             bar.set_postfix(ep=epoch, loss=f"{float(loss.detach()):.3f}", acc1=f"{logs['acc1']:.3f}",
                             tok_s=f"{progress['tokens'] / max(1e-9, progress['seconds']):.0f}")
             if cfg.eval_every and progress["step"] % cfg.eval_every == 0 and acc.is_main_process:
