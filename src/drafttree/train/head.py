@@ -195,7 +195,8 @@ class _TimeBudget:
         self.active, self.seconds, self.n_proc, self.every = seconds > 0, seconds, n_proc, every
         self.t0, self.step0 = time.time(), step
 
-    def plan(self, step: int, total: int, device) -> int:
+    def plan(self, step: int, total: int, cap: int, device) -> int:
+        """The last step: ``total`` between planning points, else what fits in the time left, at most ``cap``."""
         done = step - self.step0
         if done % self.every:
             return total
@@ -207,7 +208,7 @@ class _TimeBudget:
             t = torch.tensor([fits], device=device)
             dist.all_reduce(t, op=dist.ReduceOp.MIN)
             fits = int(t)
-        return max(step, min(total, fits))
+        return max(step, min(cap, fits))
 
 
 def _clock(progress: dict) -> dict:
@@ -322,6 +323,7 @@ def train_head(target, cfg: TrainConfig, resume: bool = False, show_progress: bo
     small_w = lm_w if raw.draft_vocab is None else lm_w[raw.draft_vocab.to(lm_w.device)].contiguous()
     t_start = time.time() - progress["seconds"]
     budget = _TimeBudget(cfg.max_seconds, progress["step"], n_proc)
+    step_cap = total_steps  # what the data and --max-steps allow; a time plan may shrink or regrow within it
     bar = tqdm(total=total_steps, initial=progress["step"], desc="train head", unit="step",
                disable=not (show_progress and acc.is_main_process))
     info = {"train_samples": len(train_set), "eval_samples": len(eval_set), "extra_samples": n_extra,
@@ -356,14 +358,14 @@ def train_head(target, cfg: TrainConfig, resume: bool = False, show_progress: bo
             progress["seconds"] = time.time() - t_start
             bar.update(1)
             if budget.active:
-                total_steps = budget.plan(progress["step"], total_steps, dev)
+                total_steps = budget.plan(progress["step"], total_steps, step_cap, dev)
                 bar.total = total_steps
             bar.set_postfix(ep=epoch, loss=f"{float(loss.detach()):.3f}", acc1=f"{logs['acc1']:.3f}",
                             tok_s=f"{progress['tokens'] / max(1e-9, progress['seconds']):.0f}")
             if cfg.eval_every and progress["step"] % cfg.eval_every == 0 and acc.is_main_process:
                 last_eval = evaluate(raw, eval_set, cfg.eval_depth, cfg.max_len, dev, lm_w)
                 progress["history"].append({"step": progress["step"], "epoch": epoch, "eval": last_eval,
-                                            "loss": float(loss), **logs, **_clock(progress)})
+                                            "loss": float(loss.detach()), **logs, **_clock(progress)})
                 bar.write(f"[eval step {progress['step']}] top1 {last_eval['top1']} "
                           f"chain tau {last_eval['expected_chain_tau']}")
             if cfg.save_every and progress["step"] % cfg.save_every == 0 and acc.is_main_process:
