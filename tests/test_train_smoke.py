@@ -345,12 +345,14 @@ def test_a_time_budget_replans_the_last_step_from_the_measured_rate(monkeypatch)
     monkeypatch.setattr(head_mod.time, "time", lambda: now[0])
     budget = head_mod._TimeBudget(100.0, step=5, n_proc=1, every=10)
     now[0] += 3
-    assert budget.plan(8, 1000, "cpu") == 1000, "between planning points the plan stands"
-    now[0] += 7  # 10 steps in 10 s
-    assert budget.plan(15, 1000, "cpu") == 15 + 90
-    assert budget.plan(15, 50, "cpu") == 50, "never beyond the steps the data or --max-steps allow"
+    assert budget.plan(8, 1000, 1000, "cpu") == 1000, "between planning points the plan stands"
+    now[0] += 17  # 10 steps in 20 s: a slow start (warm-up) plans short
+    assert budget.plan(15, 1000, 1000, "cpu") == 15 + 40
+    now[0] += 5  # 10 more in 5 s: the plan grows again, past the last one
+    assert budget.plan(25, 55, 1000, "cpu") == 25 + int(75 * 20 / 25)
+    assert budget.plan(25, 55, 50, "cpu") == 50, "never beyond the steps the data or --max-steps allow"
     now[0] += 200
-    assert budget.plan(25, 1000, "cpu") == 25, "out of time: the step reached is the last"
+    assert budget.plan(35, 1000, 1000, "cpu") == 35, "out of time: the step reached is the last"
     with pytest.raises(DraftTreeError, match="max-seconds"):
         head_mod._TimeBudget(-1.0, step=0, n_proc=1)
 
