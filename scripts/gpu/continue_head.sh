@@ -1,8 +1,8 @@
 #!/bin/bash
 # Issue 12 on a lent GPU: one new T=1 pass, greedy features, continue the shipped head under a time budget.
-# env: BUDGET (s, whole job), DEV, SMALL=1 (a CPU rehearsal on tiny data), SEED
+# env: BUDGET (s, whole job), DEV, SMALL=1 (a CPU rehearsal on tiny data), SEED (a new one per lease: stop 39 used 2-4, stop 44 used 5)
 set -u
-T0=$(date +%s); BUDGET=${BUDGET:-530}; END=$((T0 + BUDGET)); DEV=${DEV:-cuda}; SEED=${SEED:-5}
+T0=$(date +%s); BUDGET=${BUDGET:-530}; END=$((T0 + BUDGET)); DEV=${DEV:-cuda}; SEED=${SEED:-6}
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"; LOG=$OUT/log.txt
 exec > >(tee -a "$LOG") 2>&1
 left() { echo $((END - $(date +%s))); }
