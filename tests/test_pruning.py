@@ -201,3 +201,25 @@ def test_the_hybrid_teaches_a_model_source_its_level_rates_per_tested_parent():
     # the pruner asks the rate of the depth it would draft next (1-based, depth 4 and deeper one bucket)
     assert src.level_rate(2) == cal.level_rate(1) and src.level_rate(9) == cal.level_rate(3)
     assert float(cal.trials.sum()) > 3, "the siblings still teach the probability cells"
+
+
+def test_a_cached_cost_curve_is_read_once_per_process_and_again_when_its_file_changes(tmp_path, monkeypatch):
+    """A server builds a drafter per request: the curve must not be re-read (and its memo lost) each time."""
+    import json
+    import os
+    from types import SimpleNamespace
+
+    from drafttree.budget import calibration_path, cost_model_for
+
+    monkeypatch.setenv("DRAFTTREE_CACHE", str(tmp_path))
+    runner = SimpleNamespace(device=torch.device("cpu"), dtype=torch.float32,
+                             config=SimpleNamespace(num_hidden_layers=2, hidden_size=8))
+    path = calibration_path(runner, "m")
+    path.parent.mkdir(parents=True)
+    path.write_text(json.dumps({"sizes": [1, 8], "seconds": [0.01, 0.02]}))
+    first = cost_model_for(runner, "m", quiet=True)
+    assert cost_model_for(runner, "m", quiet=True) is first and first.verify(8) == 0.02
+    path.write_text(json.dumps({"sizes": [1, 8], "seconds": [0.01, 0.03]}))
+    st = path.stat()
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns + 10**9))  # a re-calibration, a second later
+    assert cost_model_for(runner, "m", quiet=True).verify(8) == 0.03

@@ -293,6 +293,42 @@ def test_held_out_evaluation_of_a_float32_head_over_a_bf16_target():
     assert rep["positions"] > 0 and len(rep["top1"]) == 2
 
 
+def test_held_out_checks_and_ldlp_labels_do_not_depend_on_the_batch():
+    """Evaluation and LDLP labelling run many conversations per forward (right-padded): every check must be
+    the one a conversation gets alone, padding included. Some conversations are the head's own chains (each
+    feature is the head's prediction of it), so long accepted chains occur next to random misses."""
+    from conftest import tiny_causal_lm
+
+    from drafttree.heads import EagleHead
+    from drafttree.train.length import make_labels
+    from drafttree.train.unroll import collate, evaluate, unrolled_forward
+
+    torch.manual_seed(3)
+    model = tiny_causal_lm(vocab=64, hidden=32, dtype=torch.float32)
+    head = EagleHead(model, draft_vocab=None).float().eval()
+    lm_w = model.get_output_embeddings().weight
+    samples = []
+    for i, n in enumerate((9, 17, 12, 30, 5, 21)):
+        s = {"input_ids": torch.randint(0, 64, (n,)), "loss_mask": torch.arange(n) >= 3, "hidden": torch.randn(n, 32)}
+        if i % 2 == 0:
+            with torch.no_grad():
+                for t in range(n - 1):  # feature t+1 := the head's step-1 prediction from anchor t
+                    ids, mask, valid, f, _ = collate([s], [0], 64)
+                    s["hidden"][t + 1] = unrolled_forward(head, f, ids, mask, valid, 1, 0.0, train=False)[0][0][0, t]
+        samples.append(s)
+    cpu = torch.device("cpu")
+    alone = evaluate(head, samples, 3, 64, cpu, lm_w, batch_tokens=1)
+    together = evaluate(head, samples, 3, 64, cpu, lm_w, batch_tokens=4096)
+    assert alone == together and alone["positions"] == sum(int(s["loss_mask"][1:].sum()) for s in samples)
+    assert 0.1 < alone["chain_all_correct"][2] < 0.6  # the own-chain conversations: ~30% of the positions
+    one = make_labels(head, samples, 4, 64, cpu, show_progress=False, batch_tokens=1)
+    many = make_labels(head, samples, 4, 64, cpu, show_progress=False, batch_tokens=4096)
+    # rows come out in length order either way; compare them as sets of (feature, label)
+    key = lambda t: sorted(zip(t[1][:, 0].tolist(), t[2].tolist()))  # noqa: E731
+    assert key(one) == key(many) and len(one[2]) == alone["positions"] and one[1].shape[1] == 32
+    assert {0, 4} <= set(one[2].tolist()), "both misses and full chains"
+
+
 def test_every_train_option_explains_itself():
     """`drafttree train --help` reads each option's text from TrainConfig: a new option without one fails here."""
     from dataclasses import fields

@@ -61,6 +61,6 @@ $DT train --features $W/feat --extra-features $W/feat-t --out $W/run --head-kind
 cp $W/run/summary.json $OUT/ 2>/dev/null; cp $W/run/checkpoint/progress.json $OUT/ 2>/dev/null
 stamp "LDLP"
 timeout $(( $(left) - 15 > 10 ? $(left) - 15 : 10 )) $DT train-length --features $W/feat --head $W/run/head --out $W/run/head \
-  --k-max 8 --lam 3 --dtype bfloat16 --device $DEV --max-samples 600 $EVAL 2>&1 | tr '\r' '\n' | tail -n 25
+  --k-max 8 --lam 3 --dtype bfloat16 --device $DEV --max-samples 3000 --batch-tokens $BT $EVAL 2>&1 | tr '\r' '\n' | tail -n 25
 tar -cf $OUT/head.tar --exclude="ldlp-labels*" -C $W/run head
 ls -la $OUT; stamp "done"

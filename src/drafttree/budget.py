@@ -254,13 +254,22 @@ def calibration_path(runner, name: str) -> Path:
     return calibration_dir() / f"verify-{_key(runner, name)}.json"
 
 
+_LOADED: dict[Path, tuple[tuple[int, int], CostModel]] = {}  # curves read from disk, by file mtime and size
+
+
 def cost_model_for(runner, name: str, refresh: bool = False, quiet: bool = False) -> CostModel:
     """The cached verify-cost curve of this model on this machine, measured (with a visible line) on first use
     or when ``refresh``; ``drafttree calibrate`` runs and prints it."""
     path = calibration_path(runner, name)
     if path.exists() and not refresh:
-        d = json.loads(path.read_text())
-        return CostModel(d["sizes"], d["seconds"], d.get("context", 0), d.get("per_key", 0.0))
+        st = path.stat()
+        stamp = (st.st_mtime_ns, st.st_size)
+        cached = _LOADED.get(path)
+        if cached is None or cached[0] != stamp:  # read once per process (a server builds drafters per request)
+            d = json.loads(path.read_text())
+            cached = _LOADED[path] = (stamp, CostModel(d["sizes"], d["seconds"], d.get("context", 0),
+                                                       d.get("per_key", 0.0)))
+        return cached[1]
     if not quiet:
         print(f"[drafttree] measuring how long {name} takes to verify 1..{SIZES[-1]} tokens on this machine "
               f"(once per machine; cached in {path})", file=sys.stderr, flush=True)
@@ -269,6 +278,8 @@ def cost_model_for(runner, name: str, refresh: bool = False, quiet: bool = False
     path.write_text(json.dumps({"model": name, "dtype": str(runner.dtype), "device": str(runner.device),
                                 "threads": torch.get_num_threads(), "sizes": cm.sizes, "seconds": cm.seconds,
                                 "relative": cm.relative(), "context": cm.context, "per_key": cm.per_key}, indent=1))
+    st = path.stat()
+    _LOADED[path] = ((st.st_mtime_ns, st.st_size), cm)
     return cm
 
 

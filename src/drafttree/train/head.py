@@ -363,7 +363,7 @@ def train_head(target, cfg: TrainConfig, resume: bool = False, show_progress: bo
             bar.set_postfix(ep=epoch, loss=f"{float(loss.detach()):.3f}", acc1=f"{logs['acc1']:.3f}",
                             tok_s=f"{progress['tokens'] / max(1e-9, progress['seconds']):.0f}")
             if cfg.eval_every and progress["step"] % cfg.eval_every == 0 and acc.is_main_process:
-                last_eval = evaluate(raw, eval_set, cfg.eval_depth, cfg.max_len, dev, lm_w)
+                last_eval = evaluate(raw, eval_set, cfg.eval_depth, cfg.max_len, dev, lm_w, cfg.batch_tokens)
                 progress["history"].append({"step": progress["step"], "epoch": epoch, "eval": last_eval,
                                             "loss": float(loss.detach()), **logs, **_clock(progress)})
                 bar.write(f"[eval step {progress['step']}] top1 {last_eval['top1']} "
@@ -374,7 +374,7 @@ def train_head(target, cfg: TrainConfig, resume: bool = False, show_progress: bo
             break
         progress["epoch"], progress["batch"] = epoch + 1, 0
         if acc.is_main_process:
-            last_eval = evaluate(raw, eval_set, cfg.eval_depth, cfg.max_len, dev, lm_w)
+            last_eval = evaluate(raw, eval_set, cfg.eval_depth, cfg.max_len, dev, lm_w, cfg.batch_tokens)
             progress["history"].append({"step": progress["step"], "epoch": epoch + 1, "eval": last_eval,
                                         **_clock(progress)})
             bar.write(f"[epoch {epoch + 1}] held-out top1 by step {last_eval['top1']}, "
@@ -385,7 +385,7 @@ def train_head(target, cfg: TrainConfig, resume: bool = False, show_progress: bo
     if history and history[-1]["step"] == progress["step"]:  # scored at this step (or a finished run resumed)
         last_eval = history[-1]["eval"]
     else:  # the summary scores the head as saved (--max-steps stops between evaluations)
-        last_eval = evaluate(raw, eval_set, cfg.eval_depth, cfg.max_len, dev, lm_w)
+        last_eval = evaluate(raw, eval_set, cfg.eval_depth, cfg.max_len, dev, lm_w, cfg.batch_tokens)
         history.append({"step": progress["step"], "epoch": progress["epoch"], "eval": last_eval, **_clock(progress)})
     summary = {**info, "steps": progress["step"], "train_seconds": round(progress["seconds"], 1),
                "threads": torch.get_num_threads(),

@@ -27,33 +27,33 @@ from tqdm import tqdm
 from drafttree.errors import DraftTreeError
 from drafttree.heads.length import LengthPredictor
 from drafttree.train.data import load_feature_dir
-from drafttree.train.unroll import collate, shifted, split_samples, target_greedy, unrolled_forward
+from drafttree.train.unroll import chain_checks, collate, group_by_length, split_samples
 
 
 @torch.no_grad()
-def make_labels(head, samples: list[dict], k_max: int, max_len: int, device, show_progress: bool = True):
-    """(emb [N, H], feat [N, H], label [N]) for every response anchor of ``samples``."""
+def make_labels(head, samples: list[dict], k_max: int, max_len: int, device, show_progress: bool = True,
+                batch_tokens: int = 4096):
+    """(emb [N, H], feat [N, H], label [N]) for every response anchor of ``samples``, ``batch_tokens`` padded
+    tokens of conversations per unrolled forward."""
     head.eval()
-    lm_w = head.lm_head.weight
-    vocab_ids = head.draft_vocab.to(device) if head.draft_vocab is not None else None
     embs, feats, labels = [], [], []
-    for s in tqdm(samples, desc="LDLP labels", unit="sample", disable=not show_progress):
-        ids, mask, valid, f, _ = (t.to(device) for t in collate([s], [0], max_len))
-        outs = unrolled_forward(head, f, ids, mask, valid, k_max, 0.0, train=False)
-        base = outs[0][2][0]
+    batches = group_by_length(samples, list(range(len(samples))), batch_tokens, max_len)
+    bar = tqdm(total=len(samples), desc="LDLP labels", unit="sample", disable=not show_progress)
+    for idx in batches:
+        batch = tuple(t.to(device) for t in collate(samples, idx, max_len))
+        base, correct = chain_checks(head, batch, k_max, head.lm_head.weight)
         ok = base.clone()
         count = torch.zeros_like(base, dtype=torch.long)
-        greedy = target_greedy(lm_w, f[0])
-        for k, (pred, _tgt, lm) in enumerate(outs):
-            d = head.draft_logits(pred[0].to(lm_w.dtype)).argmax(-1)
-            d = vocab_ids[d] if vocab_ids is not None else d
-            ok &= (d == shifted(greedy, k + 1)) & lm[0]
+        for c in correct:
+            ok &= c
             count += ok.long()
-        anchors = base.nonzero().flatten()  # pair t: (feature t, token t+1); the LDLP sees token t and f_t
-        tok_t = ids[0, anchors]
-        embs.append(head.embed_tokens(tok_t).float().cpu())
-        feats.append(f[0, anchors].float().cpu())
-        labels.append(count[anchors].cpu())
+        rows, cols = base.nonzero(as_tuple=True)  # pair t: (feature t, token t+1); the LDLP sees token t and f_t
+        ids, f = batch[0], batch[3]
+        embs.append(head.embed_tokens(ids[rows, cols]).float().cpu())
+        feats.append(f[rows, cols].float().cpu())
+        labels.append(count[rows, cols].cpu())
+        bar.update(len(idx))
+    bar.close()
     head.train()
     return torch.cat(embs), torch.cat(feats), torch.cat(labels)
 
@@ -66,7 +66,7 @@ def asymmetric_l1(pred: torch.Tensor, label: torch.Tensor, lam: float) -> torch.
 def train_length_predictor(target, head, features: str, out: str, k_max: int = 8, lam: float = 3.0,
                            epochs: int = 8, lr: float = 1e-3, batch: int = 512, width: int = 256,
                            max_samples: int = 0, eval_samples: int = 64, seed: int = 0, max_len: int = 2048,
-                           eval_after: int = 0, show_progress: bool = True) -> dict:
+                           eval_after: int = 0, show_progress: bool = True, batch_tokens: int = 4096) -> dict:
     if getattr(head, "kind", "eagle") != "eagle":
         raise DraftTreeError("the AdaEAGLE length predictor reads the target's last hidden state: train it for "
                              "EAGLE-1/2 heads, not for this EAGLE-3 head")
@@ -84,8 +84,8 @@ def train_length_predictor(target, head, features: str, out: str, k_max: int = 8
     if label_file.exists():
         d = load_file(str(label_file))
     else:
-        tr = make_labels(head, train_s, k_max, max_len, dev, show_progress)
-        ev = make_labels(head, eval_s, k_max, max_len, dev, show_progress)
+        tr = make_labels(head, train_s, k_max, max_len, dev, show_progress, batch_tokens)
+        ev = make_labels(head, eval_s, k_max, max_len, dev, show_progress, batch_tokens)
         d = {"train_emb": tr[0], "train_feat": tr[1], "train_label": tr[2],
              "eval_emb": ev[0], "eval_feat": ev[1], "eval_label": ev[2]}
         save_file({k: v.contiguous() for k, v in d.items()}, str(label_file))
@@ -142,14 +142,15 @@ def cmd_train_length(args) -> int:
 
     if args.threads:
         torch.set_num_threads(args.threads)
-    if args.k_max <= 0 or args.lam <= 0 or args.epochs <= 0:
-        raise DraftTreeError("--k-max, --lam and --epochs must be > 0")
+    if args.k_max <= 0 or args.lam <= 0 or args.epochs <= 0 or args.batch_tokens <= 0:
+        raise DraftTreeError("--k-max, --lam, --epochs and --batch-tokens must be > 0")
     target = load_model(args.model, dtype=args.dtype, device=args.device)
     head = load_head_for(target, args.head, required=True)
     out = args.out or str(head.path)
     report = train_length_predictor(target, head, args.features, out, k_max=args.k_max, lam=args.lam,
                                     epochs=args.epochs, lr=args.lr, max_samples=args.max_samples,
-                                    eval_samples=args.eval_samples, seed=args.seed, eval_after=args.eval_after)
+                                    eval_samples=args.eval_samples, seed=args.seed, eval_after=args.eval_after,
+                                    batch_tokens=args.batch_tokens)
     print(json.dumps(report, indent=1))
     return 0
 
@@ -169,6 +170,8 @@ def add_length_parser(sub) -> None:
     p.add_argument("--lr", type=float, default=1e-3)
     p.add_argument("--max-samples", type=int, default=0, help="label at most this many training samples")
     p.add_argument("--eval-samples", type=int, default=64)
+    p.add_argument("--batch-tokens", type=int, default=4096, help="padded tokens of conversations labelled per "
+                   "forward (raise it on a GPU)")
     p.add_argument("--eval-after", type=int, default=0, help="hold out only samples from this index on (as the "
                    "head's training did)")
     p.add_argument("--seed", type=int, default=0)

@@ -53,6 +53,23 @@ def split_samples(samples: list[dict], eval_samples: int, seed: int,
     return [s for i, s in enumerate(samples) if i not in held], [samples[i] for i in sorted(held)]
 
 
+def group_by_length(samples: list[dict], order: list[int], batch_tokens: int, max_len: int) -> list[list[int]]:
+    """``order`` sorted by length and cut into batches whose padded size stays within ``batch_tokens``."""
+    batches: list[list[int]] = []
+    cur: list[int] = []
+    width = 0
+    for i in sorted(order, key=lambda i: min(max_len, samples[i]["input_ids"].numel())):
+        n = min(max_len, samples[i]["input_ids"].numel())
+        if cur and max(width, n) * (len(cur) + 1) > batch_tokens:
+            batches.append(cur)
+            cur, width = [], 0
+        cur.append(i)
+        width = max(width, n)
+    if cur:
+        batches.append(cur)
+    return batches
+
+
 def make_batches(samples: list[dict], batch_tokens: int, max_len: int, seed: int) -> list[list[int]]:
     """Shuffle, then group samples of similar length so that padded batches stay near ``batch_tokens``."""
     rng = random.Random(seed)
@@ -61,18 +78,7 @@ def make_batches(samples: list[dict], batch_tokens: int, max_len: int, seed: int
     batches = []
     chunk = 256  # sort by length within shuffled chunks
     for c in range(0, len(order), chunk):
-        part = sorted(order[c:c + chunk], key=lambda i: min(max_len, samples[i]["input_ids"].numel()))
-        cur: list[int] = []
-        width = 0
-        for i in part:
-            n = min(max_len, samples[i]["input_ids"].numel())
-            if cur and max(width, n) * (len(cur) + 1) > batch_tokens:
-                batches.append(cur)
-                cur, width = [], 0
-            cur.append(i)
-            width = max(width, n)
-        if cur:
-            batches.append(cur)
+        batches += group_by_length(samples, order[c:c + chunk], batch_tokens, max_len)
     rng.shuffle(batches)
     return batches
 
@@ -189,44 +195,59 @@ def target_greedy(lm_w: torch.Tensor, feats: torch.Tensor, chunk: int = 512) -> 
 
 
 def shifted(x: torch.Tensor, s: int) -> torch.Tensor:
-    """x[t + s] at index t for the T-1 anchors (pair positions), -1 past the end."""
-    tp = x.shape[0] - 1
-    out = torch.full((tp,), -1, dtype=x.dtype, device=x.device)
-    if s < x.shape[0]:
-        out[: x.shape[0] - s] = x[s:]
-    return out[:tp]
+    """x[..., t + s] at index t for the T-1 anchors (pair positions) along the last axis, -1 past the end."""
+    tp = x.shape[-1] - 1
+    out = torch.full((*x.shape[:-1], tp), -1, dtype=x.dtype, device=x.device)
+    n = min(tp, x.shape[-1] - s)
+    if n > 0:
+        out[..., :n] = x[..., s:s + n]
+    return out
+
+
+@torch.no_grad()
+def chain_checks(head: EagleHead, batch, depth: int, lm_w: torch.Tensor, chunk: int = 4096):
+    """Draft a greedy chain of ``depth`` tokens from every anchor of a padded batch (``collate``'s tuple) and
+    check each against the target's greedy token (full-vocabulary argmax of its LM head on the true feature).
+    Returns (anchors [B, T-1]: the pair's next token is a response token, [correct at step k [B, T-1]])."""
+    ids, mask, valid, feats, inputs = batch
+    outs = unrolled_forward(head, feats, ids, mask, valid, depth, 0.0, train=False, inputs=inputs)
+    B, T, H = feats.shape
+    greedy = target_greedy(lm_w, feats.reshape(B * T, H), chunk).view(B, T)  # the target's token after each
+    vocab_ids = head.draft_vocab.to(feats.device) if head.draft_vocab is not None else None
+    # the draft LM head's dtype: an EAGLE-1 head's rows are the target's (bf16 when the target is), whatever
+    # precision the head itself trains in
+    draft_dtype = (head.draft_head_weight() if hasattr(head, "draft_head_weight") else head.lm_head.weight).dtype
+    correct = []
+    for k, (pred, _tgt, lm) in enumerate(outs):
+        flat = pred.reshape(-1, pred.shape[-1]).to(draft_dtype)
+        d = torch.cat([head.draft_logits(flat[i:i + chunk]).argmax(-1) for i in range(0, flat.shape[0], chunk)])
+        d = d.view(B, T - 1)
+        d = vocab_ids[d] if vocab_ids is not None else d
+        # step k+1 from anchor t predicts the token after position t+k+1
+        correct.append((d == shifted(greedy, k + 1)) & lm)
+    return outs[0][2], correct
 
 
 @torch.no_grad()
 def evaluate(head: EagleHead, samples: list[dict], depth: int, max_len: int, device,
-             target_lm_w: torch.Tensor | None = None) -> dict:
-    """Held-out top-1 accuracy of the head's draft at chain steps 1..depth against the target's greedy token
-    (full-vocabulary argmax of the target's LM head on the true feature), and the chain's expected accepted
-    length."""
+             target_lm_w: torch.Tensor | None = None, batch_tokens: int = 4096) -> dict:
+    """Held-out top-1 accuracy of the head's draft at chain steps 1..depth against the target's greedy token,
+    and the chain's expected accepted length. Conversations run ``batch_tokens`` padded tokens at a time
+    (right padding: no real position attends a padded one, so batching changes no check)."""
     head.eval()
     lm_w = head.lm_head.weight if target_lm_w is None else target_lm_w
     key = "aux" if getattr(head, "kind", "eagle") == "eagle3" else "hidden"
     hit = torch.zeros(depth)
     chain_ok = torch.zeros(depth)
     n = 0
-    vocab_ids = head.draft_vocab.to(device) if head.draft_vocab is not None else None
-    # the draft LM head's dtype: an EAGLE-1 head's rows are the target's (bf16 when the target is), whatever
-    # precision the head itself trains in
-    draft_dtype = (head.draft_head_weight() if hasattr(head, "draft_head_weight") else head.lm_head.weight).dtype
-    for s in samples:
-        ids, mask, valid, feats, inputs = (t.to(device) for t in collate([s], [0], max_len, key))
-        outs = unrolled_forward(head, feats, ids, mask, valid, depth, 0.0, train=False, inputs=inputs)
-        base = outs[0][2][0]
-        all_ok = base.clone()
+    for idx in group_by_length(samples, list(range(len(samples))), batch_tokens, max_len):
+        batch = tuple(t.to(device) for t in collate(samples, idx, max_len, key))
+        base, correct = chain_checks(head, batch, depth, lm_w)
         n += int(base.sum())
-        greedy = target_greedy(lm_w, feats[0])  # the target's token after every position
-        for k, (pred, _tgt, lm) in enumerate(outs):
-            d = head.draft_logits(pred[0].to(draft_dtype)).argmax(-1)
-            d = vocab_ids[d] if vocab_ids is not None else d
-            t = shifted(greedy, k + 1)  # step k+1 from anchor t predicts the token after position t+k+1
-            correct = (d == t) & lm[0]
-            hit[k] += float((correct & base).sum())
-            all_ok &= correct
+        all_ok = base.clone()
+        for k, c in enumerate(correct):
+            hit[k] += float((c & base).sum())
+            all_ok &= c
             chain_ok[k] += float(all_ok.sum())
     head.train()
     n = max(1, n)
