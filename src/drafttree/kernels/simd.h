@@ -16,6 +16,7 @@ namespace drafttree_simd {
 #if defined(__AVX512F__)
 using vec = __m512;
 constexpr int LANES = 16, TILE_ROWS = 4, TILE_COLS = 4, FEW_ROWS_COLS = 4, REGS = 32;
+constexpr int SPLIT_ROWS = TILE_ROWS, SPLIT_COLS = TILE_COLS;  // bf16 tiles on the FMA path (small_gemm.cpp)
 inline vec vzero() { return _mm512_setzero_ps(); }
 inline vec vset(float v) { return _mm512_set1_ps(v); }
 inline vec vfma(vec a, vec b, vec c) { return _mm512_fmadd_ps(a, b, c); }
@@ -71,6 +72,7 @@ inline vec reduce(const vec* v) {
 #elif defined(__AVX2__) && defined(__FMA__)
 using vec = __m256;
 constexpr int LANES = 8, TILE_ROWS = 4, TILE_COLS = 3, FEW_ROWS_COLS = 4, REGS = 16;
+constexpr int SPLIT_ROWS = 2, SPLIT_COLS = 4;  // bf16 tiles on the FMA path: see small_gemm.cpp's tile()
 inline vec vzero() { return _mm256_setzero_ps(); }
 inline vec vset(float v) { return _mm256_set1_ps(v); }
 inline vec vfma(vec a, vec b, vec c) { return _mm256_fmadd_ps(a, b, c); }

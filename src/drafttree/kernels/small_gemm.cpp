@@ -77,6 +77,19 @@ inline void tile(const T* x, const T* w, int64_t K, float* out, int64_t ldo, con
         const raw xv = rload(x + r * K + k);
         for (int c = 0; c < C; ++c) acc[r * C + c] = vdot(xv, wv[c], acc[r * C + c]);
       }
+    } else if constexpr (SPLIT && REGS < 32) {
+      // 16 registers: the R rows' widened inputs stay in registers and each weight vector is widened and used at
+      // once (R x C accumulators + 2R inputs + 2 weight halves; SPLIT_ROWS x SPLIT_COLS = 2 x 4 measured 1.2x the
+      // 4 x 3 tiles that widened all C weight vectors first, which left too few registers)
+      const float* p = xs + (k / STEP<T>) * 2 * LANES;
+      vec xo[R], xe[R];
+      for (int r = 0; r < R; ++r) xo[r] = vload(p + r * xs_row), xe[r] = vload(p + r * xs_row + LANES);
+      for (int c = 0; c < C; ++c) {
+        raw t = rload(w + c * K + k);
+        in_register(t);
+        const vec wo = odd_half(t), we = even_half(t);
+        for (int r = 0; r < R; ++r) acc[r * C + c] = vfma(xe[r], we, vfma(xo[r], wo, acc[r * C + c]));
+      }
     } else {
       vec wo[C], we[C];
       for (int c = 0; c < C; ++c) {
@@ -120,14 +133,14 @@ inline void last_rows(int64_t rest, const T* x, const T* w, int64_t K, float* ou
   }
 }
 
-template <typename T, int C, bool DOT = false, bool SPLIT = false>
+template <typename T, int C, bool DOT = false, bool SPLIT = false, int RT = TILE_ROWS>
 void rows_times_cols(const T* x, int64_t M, const T* w, int64_t K, float* out, int64_t N, const T* next,
                      const float* xs = nullptr) {
   // C weight rows times every input row. While the tiles of this block compute, the next block (C weight rows,
   // contiguous) is prefetched, spread evenly over all their inner iterations: memory and arithmetic overlap
   // instead of taking turns.
   constexpr int64_t line = 64 / sizeof(T);
-  const int64_t chunks = (M + TILE_ROWS - 1) / TILE_ROWS, iters = K / STEP<T>;
+  const int64_t chunks = (M + RT - 1) / RT, iters = K / STEP<T>;
   const int64_t lines = (C * K + line - 1) / line;  // the next block, exactly
   const int ppi = next == nullptr || iters == 0 ? 0 : static_cast<int>((lines + chunks * iters - 1) / (chunks * iters));
   int64_t m = 0, chunk = 0;
@@ -142,9 +155,9 @@ void rows_times_cols(const T* x, int64_t M, const T* w, int64_t K, float* out, i
   }
   const int64_t xs_row = iters * 2 * LANES;
   auto split = [&](int64_t row) { return xs == nullptr ? nullptr : xs + row * xs_row; };
-  for (; m + TILE_ROWS <= M; m += TILE_ROWS, ++chunk)
-    tile<T, TILE_ROWS, C, DOT, SPLIT>(x + m * K, w, K, out + m * N, N, share(chunk), ppi, left(chunk), split(m));
-  last_rows<T, TILE_ROWS - 1, C, DOT, SPLIT>(M - m, x + m * K, w, K, out + m * N, N, share(chunk), ppi, left(chunk),
+  for (; m + RT <= M; m += RT, ++chunk)
+    tile<T, RT, C, DOT, SPLIT>(x + m * K, w, K, out + m * N, N, share(chunk), ppi, left(chunk), split(m));
+  last_rows<T, RT - 1, C, DOT, SPLIT>(M - m, x + m * K, w, K, out + m * N, N, share(chunk), ppi, left(chunk),
                                              split(m));
 }
 
@@ -301,7 +314,7 @@ inline void block(const T* x, int64_t M, int64_t K, const Segment<T>& seg, int64
     if (wide_one_row<T>(M)) tile<T, 1, ACC>(x, w + n * K, K, out + n, N);
     else if (few) rows_times_cols<T, FEW_ROWS_COLS>(x, M, w + n * K, K, out + n, N, next);
     else if (is_bf16<T> && HAS_DOT && dot) rows_times_cols<T, TILE_COLS, true>(x, M, w + n * K, K, out + n, N, next);
-    else if (xs != nullptr) rows_times_cols<T, TILE_COLS, false, true>(x, M, w + n * K, K, out + n, N, next, xs);
+    else if (xs != nullptr) rows_times_cols<T, SPLIT_COLS, false, true, SPLIT_ROWS>(x, M, w + n * K, K, out + n, N, next, xs);
     else rows_times_cols<T, TILE_COLS>(x, M, w + n * K, K, out + n, N, next);
   } else {
     for (int64_t j = n; j < N; ++j)
@@ -317,16 +330,17 @@ void gemm(const T* x, int64_t M, int64_t K, const std::vector<Segment<T>>& segs)
   // one float32 row: ACC weight rows per tile; fewer rows than a tile (or one bf16 row): FEW_ROWS_COLS weight rows
   // (memory-bound: prefetched blocks); more: TILE_ROWS x TILE_COLS tiles (bound by arithmetic: every register used)
   const bool few = M < TILE_ROWS;
-  const int64_t step = wide_one_row<T>(M) ? ACC : (few ? FEW_ROWS_COLS : TILE_COLS);
-  std::vector<int64_t> first(segs.size() + 1, 0);  // first block of each segment
-  for (size_t s = 0; s < segs.size(); ++s) first[s + 1] = first[s] + (segs[s].N + step - 1) / step;
   const bool dot = DOT_WORKS && M >= DOT_ROWS;
-  // bf16 tiles on the FMA path widen the input rows once here instead of once per block (split_rows)
+  // bf16 tiles on the FMA path widen the input rows once here instead of once per block (split_rows), and take
+  // SPLIT_ROWS x SPLIT_COLS tiles
   std::unique_ptr<float[]> xs;
   if constexpr (is_bf16<T>) {
     if (!few && !dot) xs = split_rows(x, M, K);
   }
   const float* xsp = xs.get();
+  const int64_t step = wide_one_row<T>(M) ? ACC : (few ? FEW_ROWS_COLS : (xsp != nullptr ? SPLIT_COLS : TILE_COLS));
+  std::vector<int64_t> first(segs.size() + 1, 0);  // first block of each segment
+  for (size_t s = 0; s < segs.size(); ++s) first[s + 1] = first[s] + (segs[s].N + step - 1) / step;
   at::parallel_for(0, first.back(), M == 1 ? 8 : 16, [&](int64_t b0, int64_t b1) {
     {
       FlushDenormals flush(is_bf16<T>);
