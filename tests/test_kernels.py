@@ -465,6 +465,41 @@ def test_many_row_bf16_products_widened_to_float32_are_the_same_products(monkeyp
         assert torch.equal(model(x), F.linear(x, model.weight, model.bias))
 
 
+@needs_kernel
+def test_many_row_bf16_products_in_kernel_chunks_give_each_row_its_bits_alone(monkeypatch):
+    """Where the kernel was timed faster for a prompt's products (big weights), it takes them MAX_ROWS rows at a time:
+    every row gets the bits it gets alone (as in a decoding step); small weights and torch_linears keep their paths."""
+    monkeypatch.setattr(gemm, "_chunked", True)
+    monkeypatch.setattr(gemm, "CHUNK_MIN_WEIGHT", 70 * 96)
+    g = torch.Generator().manual_seed(6)
+    model = torch.nn.Linear(96, 70).to(torch.bfloat16)
+    x = torch.randn(2, MAX_ROWS + 37, 96, generator=g).bfloat16()
+    w, b = model.weight, model.bias
+    with torch.no_grad():
+        alone = torch.cat([ext.linear(row[None], w, b) for row in x.reshape(-1, 96)]).view(2, MAX_ROWS + 37, 70)
+        assert torch.equal(gemm.many_rows_linear(x, w, b), alone)
+        with fast_linears(model):
+            assert torch.equal(model(x), alone)
+            with layers.torch_linears():
+                assert torch.equal(model(x), F.linear(x, w, b))
+        monkeypatch.setattr(gemm, "_wide", False)
+        monkeypatch.setattr(gemm, "CHUNK_MIN_WEIGHT", 70 * 96 + 1)  # one element short: torch's product
+        assert torch.equal(gemm.many_rows_linear(x, w, b), F.linear(x, w, b))
+
+
+def test_a_bad_chunked_bf16_setting_says_so_and_times_instead(monkeypatch, capsys):
+    monkeypatch.setenv("DRAFTTREE_CHUNKED_BF16", "often")
+    monkeypatch.setattr(gemm, "_chunked", None)
+    monkeypatch.setattr(gemm, "small_gemm", lambda: object())
+    monkeypatch.setattr(gemm, "wide_bf16_products", lambda: False)
+    monkeypatch.setattr(gemm, "_time_chunked", lambda: False)
+    assert gemm.chunked_bf16_products() is False
+    assert "DRAFTTREE_CHUNKED_BF16 must be 0, 1 or auto, not 'often'" in capsys.readouterr().err
+    monkeypatch.setenv("DRAFTTREE_CHUNKED_BF16", "1")
+    monkeypatch.setattr(gemm, "_chunked", None)
+    assert gemm.chunked_bf16_products() is True
+
+
 def _lean(layer) -> bool:
     return layers._installed(layer, layers._lean_forward) is not None
 

@@ -180,7 +180,7 @@ def cmd_calibrate(args) -> int:
     from drafttree.bench.config import positive_ints
     from drafttree.budget import calibration_path, compare_linear_kernels, cost_model_for, read_bandwidth, weight_bytes
     from drafttree.kernels import kernel_status, small_gemm, wide_bf16_products
-    from drafttree.kernels.gemm import amx_on
+    from drafttree.kernels.gemm import MAX_ROWS, amx_on, chunked_bf16_products
     from drafttree.models import load_model
     from drafttree.target import TargetModel
 
@@ -209,6 +209,8 @@ def cmd_calibrate(args) -> int:
         else:  # which bf16 tile path this CPU timed faster at load
             kernel += ", bf16 tiles " + ("vdpbf16ps" if getattr(small_gemm(), "bf16_dot", False) else "FMA")
             kernel += ", prefill products " + ("float32 (widened)" if wide_bf16_products() else "torch bf16")
+            if chunked_bf16_products():
+                kernel += f" (big weights: the kernel, {MAX_ROWS} rows at a time)"
     print(f"verify cost of {lm.name} ({str(lm.dtype).replace('torch.', '')} on {lm.device}, "
           f"{runner_threads()} threads, small-GEMM kernel {kernel}), {state}: {path}")
     floor = weight_bytes(lm.model) / read_bandwidth(runner.device)

@@ -209,6 +209,14 @@ def linear(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None) -
 WIDE_MIN_ROWS = MAX_ROWS + 1  # 65 rows: 1.1-1.2x faster widened here; 96: 0.9-1.2x; 128 and more: 1.4-1.9x
 WIDE_CHUNK = 1 << 22  # weight elements widened at a time (16 MB of float32): an LM head is not copied whole
 _wide: bool | None = None
+# ... or through the small-GEMM kernel MAX_ROWS rows at a time, where that is faster still (timed once, see
+# chunked_bf16_products): on the 2-core Zen 3 of stop 46 the kernel's 64-row products ran ~100 GFLOP/s against ~65-80
+# for the widened float32 GEMM of a 130-row prompt, and it skips widening the weights. A prompt's rows then give the
+# bits a decoding step gives them (one summation order per output, whatever the rows beside it). Only for weights of
+# CHUNK_MIN_WEIGHT elements or more: below that the two tie or the widened one wins (a SmolLM2-135M prompt of 200
+# tokens: 0.72 s in chunks against 0.66 s widened; Qwen2.5-Coder-1.5B, 130 tokens: 3.9 s against 5.4 s).
+CHUNK_MIN_WEIGHT = 1 << 22
+_chunked: bool | None = None
 
 
 def wide_bf16_products() -> bool:
@@ -225,23 +233,63 @@ def wide_bf16_products() -> bool:
     return _wide
 
 
-def _time_wide(rows: int = 256, k: int = 1024, n: int = 1024, reps: int = 5) -> bool:
+def _best_time(f, reps: int = 5) -> float:
     import time
 
-    g = torch.Generator().manual_seed(0)
-    x, w = torch.randn(rows, k, generator=g).bfloat16(), torch.randn(n, k, generator=g).bfloat16()
-
-    def best(f) -> float:
+    f()
+    times = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
         f()
-        times = []
-        for _ in range(reps):
-            t0 = time.perf_counter()
-            f()
-            times.append(time.perf_counter() - t0)
-        return min(times)
+        times.append(time.perf_counter() - t0)
+    return min(times)
 
+
+def _timing_operands(rows: int = 256, k: int = 1024, n: int = 1024) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(0)
+    return torch.randn(rows, k, generator=g).bfloat16(), torch.randn(n, k, generator=g).bfloat16()
+
+
+def _time_wide() -> bool:
+    x, w = _timing_operands()
     with torch.inference_mode():
-        return best(lambda: F.linear(x, w)) > 1.3 * best(lambda: _widened(x, w, None))
+        return _best_time(lambda: F.linear(x, w)) > 1.3 * _best_time(lambda: _widened(x, w, None))
+
+
+def chunked_bf16_products() -> bool:
+    """Whether many-row bf16 products run through the small-GEMM kernel, MAX_ROWS rows at a time, here: timed once
+    against the path they would take otherwise (widened or torch's), or fixed by DRAFTTREE_CHUNKED_BF16=0/1."""
+    global _chunked
+    if _chunked is None:
+        if small_gemm() is None:
+            return False
+        wide_bf16_products()  # decided first (under the same lock): the timing below races the path it would replace
+        with _lock:
+            if _chunked is None:
+                env = os.environ.get("DRAFTTREE_CHUNKED_BF16", "auto").strip().lower()
+                if env not in ("1", "on", "true", "yes", "0", "off", "false", "no", "auto", ""):
+                    print(f"drafttree: DRAFTTREE_CHUNKED_BF16 must be 0, 1 or auto, not {env!r}; timing both paths "
+                          "instead", file=sys.stderr)
+                _chunked = env in ("1", "on", "true", "yes") or (env not in ("0", "off", "false", "no")
+                                                                 and _time_chunked())
+    return _chunked
+
+
+def _time_chunked() -> bool:
+    # an MLP-sized product (a weight of ~27 MB, about this L3; ~0.5 s in all): on small ones the two paths tie
+    # (Zen 3: 1536 x 8960 1.15-1.17x, 1024 x 1024 0.9x), and a whole prefill gained more (1.39x for a 1.5B model's)
+    x, w = _timing_operands(128, 1536, 8960)
+    other = (lambda: _widened(x, w, None)) if wide_bf16_products() else (lambda: F.linear(x, w))
+    with torch.inference_mode():
+        return _best_time(other, 3) > 1.08 * _best_time(lambda: _kernel_chunks(x, w, None), 3)
+
+
+def _kernel_chunks(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    x2 = x.reshape(-1, x.shape[-1])
+    out = x2.new_empty((x2.shape[0], w.shape[0]))
+    for a in range(0, x2.shape[0], MAX_ROWS):
+        out[a:a + MAX_ROWS] = _ext.linear(x2[a:a + MAX_ROWS], w, bias)
+    return out.view(*x.shape[:-1], w.shape[0])
 
 
 def _widened(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
@@ -257,14 +305,18 @@ def _widened(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None) -> tor
 
 
 def many_rows_linear(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """``F.linear`` for products the small-GEMM kernel does not take: bf16 ones with many rows on AMX tiles where they
-    are on (:func:`amx_on`), else, on a CPU whose bf16 arithmetic is slow, in float32 on the widened values (our own
-    products only: fast_linears blocks and the drafters' :func:`linear`; never under torch_linears or with autograd;
-    see WIDE_MIN_ROWS)."""
+    """``F.linear`` for products the small-GEMM kernel does not take at once: bf16 ones with many rows on AMX tiles
+    where they are on (:func:`amx_on`), else through the kernel MAX_ROWS rows at a time where that was timed faster
+    (:func:`chunked_bf16_products`), else, on a CPU whose bf16 arithmetic is slow, in float32 on the widened values
+    (our own products only: fast_linears blocks and the drafters' :func:`linear`; never under torch_linears or with
+    autograd; see WIDE_MIN_ROWS)."""
     if (x.dtype is torch.bfloat16 and w.dtype is torch.bfloat16 and x.is_cpu and w.is_cpu and not _active.off
             and not torch.is_grad_enabled() and (bias is None or bias.dtype is torch.bfloat16)):
         if amx_on() and _ext.amx_packable(w) and x.dim() >= 1 and x.shape[-1] == w.shape[1]:
             return _ext.linear(x, w, bias)  # AMX tiles take any row count (a prompt's products too)
+        if (x.dim() >= 2 and w.dim() == 2 and w.is_contiguous() and x.shape[-1] == w.shape[1]
+                and x.numel() > MAX_ROWS * x.shape[-1] and w.numel() >= CHUNK_MIN_WEIGHT and chunked_bf16_products()):
+            return _kernel_chunks(x, w, bias)
         if (x.dim() >= 2 and w.dim() == 2 and x.numel() >= WIDE_MIN_ROWS * x.shape[-1]
                 and wide_bf16_products()):
             return _widened(x, w, bias)
