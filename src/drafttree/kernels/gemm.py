@@ -219,17 +219,21 @@ CHUNK_MIN_WEIGHT = 1 << 22
 _chunked: bool | None = None
 
 
+def _path_choice(variable: str, timed) -> bool:
+    """A path choice fixed by ``variable`` (0/1), else ``timed()``; a bad value is one line on stderr, then timed."""
+    env = os.environ.get(variable, "auto").strip().lower()
+    if env not in ("1", "on", "true", "yes", "0", "off", "false", "no", "auto", ""):
+        print(f"drafttree: {variable} must be 0, 1 or auto, not {env!r}; timing both paths instead", file=sys.stderr)
+    return env in ("1", "on", "true", "yes") or (env not in ("0", "off", "false", "no") and timed())
+
+
 def wide_bf16_products() -> bool:
     """Whether many-row bf16 products run in float32 on the widened values here (timed once, or DRAFTTREE_WIDE_BF16)."""
     global _wide
     if _wide is None:
         with _lock:
             if _wide is None:
-                env = os.environ.get("DRAFTTREE_WIDE_BF16", "auto").strip().lower()
-                if env not in ("1", "on", "true", "yes", "0", "off", "false", "no", "auto", ""):
-                    print(f"drafttree: DRAFTTREE_WIDE_BF16 must be 0, 1 or auto, not {env!r}; timing both paths "
-                          "instead", file=sys.stderr)
-                _wide = env in ("1", "on", "true", "yes") or (env not in ("0", "off", "false", "no") and _time_wide())
+                _wide = _path_choice("DRAFTTREE_WIDE_BF16", _time_wide)
     return _wide
 
 
@@ -266,12 +270,7 @@ def chunked_bf16_products() -> bool:
         wide_bf16_products()  # decided first (under the same lock): the timing below races the path it would replace
         with _lock:
             if _chunked is None:
-                env = os.environ.get("DRAFTTREE_CHUNKED_BF16", "auto").strip().lower()
-                if env not in ("1", "on", "true", "yes", "0", "off", "false", "no", "auto", ""):
-                    print(f"drafttree: DRAFTTREE_CHUNKED_BF16 must be 0, 1 or auto, not {env!r}; timing both paths "
-                          "instead", file=sys.stderr)
-                _chunked = env in ("1", "on", "true", "yes") or (env not in ("0", "off", "false", "no")
-                                                                 and _time_chunked())
+                _chunked = _path_choice("DRAFTTREE_CHUNKED_BF16", _time_chunked)
     return _chunked
 
 
