@@ -401,3 +401,19 @@ def test_training_under_a_time_budget_stops_and_saves_its_head(pipeline, default
     summary = train_head(default_fp32, cfg, show_progress=False)
     assert summary["steps"] == 10, "the first planning point finds the time spent and ends the run there"
     assert load_head(out / "head", default_fp32).draft_vocab.numel() == 256
+
+
+def test_training_precision_auto_avoids_slow_bf16_products(monkeypatch):
+    """``auto`` trains in float32 on a CPU whose bf16 products are slow, bf16 where they are fast or on CUDA;
+    an explicit choice is kept and a bad one is a one-line error."""
+    import drafttree.train.head as head_mod
+
+    monkeypatch.setattr(head_mod, "cpu_has_fast_bf16", lambda: False)
+    assert head_mod.training_precision("auto", torch.device("cpu")) == "no"
+    assert head_mod.training_precision("bf16", torch.device("cpu")) == "bf16"
+    assert head_mod.training_precision("auto", torch.device("cuda")) == "bf16"
+    monkeypatch.setattr(head_mod, "cpu_has_fast_bf16", lambda: True)
+    assert head_mod.training_precision("auto", torch.device("cpu")) == "bf16"
+    assert head_mod.training_precision("no", torch.device("cpu")) == "no"
+    with pytest.raises(DraftTreeError, match="mixed precision must be auto, bf16 or no"):
+        head_mod.training_precision("fp8", torch.device("cpu"))

@@ -36,6 +36,7 @@ from tqdm import tqdm
 from drafttree.errors import DraftTreeError
 from drafttree.heads.eagle3 import Eagle3Head
 from drafttree.heads.model import EagleHead
+from drafttree.models import cpu_has_fast_bf16
 from drafttree.train.data import load_feature_dir
 from drafttree.train.unroll import (
     choose_draft_vocab,
@@ -81,7 +82,8 @@ class TrainConfig:
     eval_depth: int = _opt(5, "draft steps scored by the held-out evaluation")
     save_every: int = _opt(200, "steps between checkpoints (--resume continues from the last)")
     seed: int = _opt(0, "seed of the held-out split, batch order and initialisation")
-    mixed_precision: str = _opt("bf16", "bf16 | no")
+    mixed_precision: str = _opt("auto", "auto (bf16 on CUDA and on CPUs with AVX-512 bf16 or AMX, else float32: "
+                                        "torch's bf16 products elsewhere run ~50-100x slower) | bf16 | no")
     head_kind: str = _opt("eagle1", "eagle1 (fc 2H->H, feature regression + CE) | eagle3 (the features' aux "
                                     "layers fused, CE against the target's distribution only)")
     max_steps: int = _opt(0, "stop after this many optimizer steps; the schedule ends there (0 = all epochs)")
@@ -242,6 +244,17 @@ _RESUME_FIXED = ("features", "extra_features", "eval_samples", "eval_after", "se
                  "batch_tokens", "max_len", "init_head", "num_layers")
 
 
+def training_precision(choice: str, device: torch.device) -> str:
+    """``auto`` -> ``bf16`` where bf16 matrix products are fast, else ``no`` (float32). On a CPU without AVX-512
+    bf16 or AMX (e.g. AVX2 only), torch's bf16 ``mm`` measured 0.3-1 GFLOP/s against float32's 30-56: a head
+    step took ~50 s instead of ~1 s."""
+    if choice not in ("auto", "bf16", "no"):
+        raise DraftTreeError(f"mixed precision must be auto, bf16 or no, got {choice!r}")
+    if choice != "auto":
+        return choice
+    return "bf16" if torch.device(device).type == "cuda" or cpu_has_fast_bf16() else "no"
+
+
 def train_head(target, cfg: TrainConfig, resume: bool = False, show_progress: bool = True) -> dict:
     """Train a head for ``target`` (a LoadedModel) from ``cfg.features``; writes ``cfg.out``."""
     from accelerate import Accelerator
@@ -255,8 +268,7 @@ def train_head(target, cfg: TrainConfig, resume: bool = False, show_progress: bo
     if sig["hidden_size"] != target.config.hidden_size or sig["vocab_size"] != target.vocab_size:
         raise DraftTreeError(f"features in {cfg.features} were extracted from {sig['name']} "
                              f"(hidden {sig['hidden_size']}, vocab {sig['vocab_size']}), not {target.name}")
-    if cfg.mixed_precision not in ("bf16", "no"):
-        raise DraftTreeError(f"mixed precision must be bf16 or no, got {cfg.mixed_precision!r}")
+    precision = training_precision(cfg.mixed_precision, target.device)
     if cfg.head_kind not in ("eagle1", "eagle3"):
         raise DraftTreeError(f"head kind must be eagle1 or eagle3, got {cfg.head_kind!r}")
     key = "aux" if cfg.head_kind == "eagle3" else "hidden"
@@ -271,7 +283,7 @@ def train_head(target, cfg: TrainConfig, resume: bool = False, show_progress: bo
         extra = _extra_samples(cfg.extra_features, manifest, key == "aux")
         train_set, n_extra = train_set + extra, len(extra)
     # a target on the CPU trains on the CPU (several processes: gloo); on GPUs each process takes its own
-    acc = Accelerator(mixed_precision=cfg.mixed_precision, cpu=target.device.type == "cpu")
+    acc = Accelerator(mixed_precision=precision, cpu=target.device.type == "cpu")
     dev = acc.device
     target.model.to(dev)
     eos = sorted(target.eos_token_ids())
@@ -320,6 +332,8 @@ def train_head(target, cfg: TrainConfig, resume: bool = False, show_progress: bo
     if cfg.max_steps:
         total_steps = min(total_steps, cfg.max_steps)
     lm_w = target.model.get_output_embeddings().weight.detach()
+    if precision == "no":  # the frozen rows too: a bf16 target's would take the slow bf16 products
+        lm_w = lm_w.float()
     small_w = lm_w if raw.draft_vocab is None else lm_w[raw.draft_vocab.to(lm_w.device)].contiguous()
     t_start = time.time() - progress["seconds"]
     budget = _TimeBudget(cfg.max_seconds, progress["step"], n_proc)
