@@ -161,7 +161,8 @@ def add_length_parser(sub) -> None:
     p.add_argument("--head", default=None, help="head directory (default: the head shipped for --model)")
     p.add_argument("--out", default=None, help="where ldlp.json/ldlp.safetensors go (default: the head's dir)")
     p.add_argument("--model", default="smollm2-135m-instruct")
-    p.add_argument("--dtype", default="bfloat16")
+    p.add_argument("--dtype", default="auto", help="the target's dtype (auto: bfloat16 where its products are "
+                   "fast, else float32: torch's bf16 products on other CPUs run ~50-100x slower)")
     p.add_argument("--device", default="auto")
     p.add_argument("--threads", type=int, default=None)
     p.add_argument("--k-max", type=int, default=8)
