@@ -617,3 +617,36 @@ def test_a_bad_wide_bf16_setting_says_so_and_times_instead(monkeypatch, capsys):
     monkeypatch.setenv("DRAFTTREE_WIDE_BF16", "1")
     monkeypatch.setattr(gemm, "_wide", None)
     assert gemm.wide_bf16_products() is True
+
+
+def test_widened_weights_are_kept_until_the_weight_changes_or_goes(monkeypatch):
+    """A prompt's widened products reuse the float32 copy of a small weight: the same values as widening anew, redone
+    when the weight changes in place or gets new storage, dropped with the weight, and not kept past the limit."""
+    monkeypatch.setattr(gemm, "_wide_copies", {})
+    monkeypatch.setattr(gemm, "_wide_bytes", [0])
+    monkeypatch.delenv("DRAFTTREE_WIDE_CACHE_MB", raising=False)
+    g = torch.Generator().manual_seed(7)
+    w = torch.randn(40, 24, generator=g).bfloat16()
+    first = gemm.widened_weight(w)
+    assert torch.equal(first, w.float()) and gemm.widened_weight(w) is first  # kept
+    assert gemm._wide_bytes[0] == 40 * 24 * 4
+    with torch.no_grad():
+        w.mul_(2)  # an optimizer step, say: the copy is stale
+    again = gemm.widened_weight(w)
+    assert again is not first and torch.equal(again, w.float())
+    w.data = torch.randn(40, 24, generator=g).bfloat16()  # new storage, same tensor object
+    assert torch.equal(gemm.widened_weight(w), w.float())
+    assert len(gemm._wide_copies) == 1 and gemm._wide_bytes[0] == 40 * 24 * 4
+    del w, first, again
+    import gc
+
+    gc.collect()
+    assert gemm._wide_copies == {} and gemm._wide_bytes[0] == 0  # dropped with its weight
+    monkeypatch.setenv("DRAFTTREE_WIDE_CACHE_MB", "0")
+    v = torch.randn(8, 8, generator=g).bfloat16()
+    assert torch.equal(gemm.widened_weight(v), v.float()) and gemm._wide_copies == {}
+    monkeypatch.setenv("DRAFTTREE_WIDE_CACHE_MB", "lots")
+    assert gemm.wide_cache_limit() == gemm.WIDE_CACHE_MB << 20
+    big = torch.zeros(gemm.CHUNK_MIN_WEIGHT, dtype=torch.bfloat16)  # the kernel's chunks take such weights: not kept
+    gemm.widened_weight(big)
+    assert gemm._wide_copies == {}

@@ -24,6 +24,7 @@ import platform
 import shutil
 import sys
 import threading
+import weakref
 from pathlib import Path
 
 import torch
@@ -291,11 +292,63 @@ def _kernel_chunks(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None) 
     return out.view(*x.shape[:-1], w.shape[0])
 
 
+# The float32 copies of the weights a prompt's products widen, kept (a copy per call cost ~40% of a SmolLM2-135M
+# prefill on the Zen 3 of stop 48: allocating, touching and filling 2-7 MB per product, then reading it cold). Only
+# weights under CHUNK_MIN_WEIGHT elements (bigger ones take the kernel's chunks or are widened a block at a time), up
+# to DRAFTTREE_WIDE_CACHE_MB in all (default 1024: SmolLM2-135M's layers take 424 MB, a 1.5B model's attention 616;
+# 0 turns it off). A copy is dropped with its weight and redone when the weight changes (version, storage).
+WIDE_CACHE_MB = 1024
+_wide_copies: dict[int, tuple[weakref.ref, int, int, torch.Tensor]] = {}
+_wide_bytes = [0]
+_wide_lock = threading.Lock()  # not _lock: the path timings hold that one while they widen
+
+
+def wide_cache_limit() -> int:
+    """Bytes of float32 weight copies :func:`widened_weight` may keep (DRAFTTREE_WIDE_CACHE_MB, else WIDE_CACHE_MB)."""
+    env = os.environ.get("DRAFTTREE_WIDE_CACHE_MB", "").strip()
+    try:
+        mb = float(env) if env else WIDE_CACHE_MB
+    except ValueError:
+        print(f"drafttree: DRAFTTREE_WIDE_CACHE_MB must be a number of MB, not {env!r}; using {WIDE_CACHE_MB}",
+              file=sys.stderr)
+        mb = WIDE_CACHE_MB
+    return int(max(0.0, mb) * (1 << 20))
+
+
+def _forget(key: int, nbytes: int) -> None:
+    if _wide_copies.pop(key, None) is not None:
+        _wide_bytes[0] -= nbytes
+
+
+def widened_weight(t: torch.Tensor) -> torch.Tensor:
+    """``t.float()``, from a kept copy where ``t`` is a weight small enough to keep (see WIDE_CACHE_MB)."""
+    try:
+        version = t._version
+    except RuntimeError:  # an inference tensor has no version counter: nothing tells when it changes
+        return t.float()
+    key, ptr = id(t), t.data_ptr()
+    hit = _wide_copies.get(key)
+    if hit is not None and hit[0]() is t and hit[1] == version and hit[2] == ptr:
+        return hit[3]
+    wide = t.float()
+    nbytes = wide.numel() * wide.element_size()
+    if t.numel() >= CHUNK_MIN_WEIGHT:
+        return wide
+    with _wide_lock:
+        if hit is not None:
+            _forget(key, hit[3].numel() * hit[3].element_size())
+        if _wide_bytes[0] + nbytes <= wide_cache_limit():
+            ref = weakref.ref(t, lambda _, k=key, n=nbytes: _forget(k, n))
+            _wide_copies[key] = (ref, version, ptr, wide)
+            _wide_bytes[0] += nbytes
+    return wide
+
+
 def _widened(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
     xf = x.float()
     step = max(1, WIDE_CHUNK // max(1, w.shape[1]))
     if w.shape[0] <= step:
-        return F.linear(xf, w.float(), None if bias is None else bias.float()).to(x.dtype)
+        return F.linear(xf, widened_weight(w), None if bias is None else widened_weight(bias)).to(x.dtype)
     out = x.new_empty((*x.shape[:-1], w.shape[0]))
     for a in range(0, w.shape[0], step):
         b = min(a + step, w.shape[0])
