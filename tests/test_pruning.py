@@ -69,7 +69,8 @@ def test_a_deeper_level_must_beat_the_best_tree_not_every_candidate(rule, drafte
             return self.stepper
 
     curve = lambda n: 1.0 + 0.05 * (n - 1)  # noqa: E731
-    src = Source(top_k=4, depth=6, max_total=32, cost_curve=curve, prune_against=rule)
+    # explore=0: the level's rate is the prior's 1/2 here, not the optimistic reading of an untested level
+    src = Source(top_k=4, depth=6, max_total=32, cost_curve=curve, prune_against=rule, explore=0.0)
     src.cost, src.stepper = 0.3, PeakedStepper(0.95)
     src.propose(RoundContext([1, 3], 3, 6, Sampling(), []), 0)
     assert bool(src.stepper.widths) == drafted, src.stepper.widths
@@ -199,7 +200,8 @@ def test_the_hybrid_teaches_a_model_source_its_level_rates_per_tested_parent():
     cal = src.calibration
     assert cal.level_tests[:3] == [1.0, 1.0, 1.0] and cal.level_hits[:3] == [1.0, 1.0, 1.0]
     # the pruner asks the rate of the depth it would draft next (1-based, depth 4 and deeper one bucket)
-    assert src.level_rate(2) == cal.level_rate(1) and src.level_rate(9) == cal.level_rate(3)
+    assert src.level_rate(2) == cal.level_rate(1, explore=src.explore)
+    assert src.level_rate(9) == cal.level_rate(3, explore=src.explore)
     assert float(cal.trials.sum()) > 3, "the siblings still teach the probability cells"
 
 
@@ -223,3 +225,35 @@ def test_a_cached_cost_curve_is_read_once_per_process_and_again_when_its_file_ch
     st = path.stat()
     os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns + 10**9))  # a re-calibration, a second later
     assert cost_model_for(runner, "m", quiet=True).verify(8) == 0.03
+
+
+def test_a_seldom_tested_level_reads_optimistic_and_a_well_tested_one_as_it_is():
+    """One early miss at a level a source seldom reaches must not keep it from drafting that level for a whole
+    generation (stop 48, HumanEval #12 at L: depth 3 read 0.65 from one test while the draft LM's chains of four
+    were all accepted in 75% of rounds); with ``explore`` the rate reads that many standard errors high, a bonus
+    that shrinks as the level is tested, and without it the rate is the plain estimate."""
+    from drafttree.sources.base import Calibration
+
+    cal = Calibration(torch.full((8,), 0.5), levels=4)
+    for _ in range(60):
+        cal.update_levels([0, 1], [0, 1], [True, True])
+    cal.update_levels([2], [3], [False])  # depth 3: one test, missed
+    plain = cal.level_rate(2)
+    assert plain < 0.7
+    bold = cal.level_rate(2, explore=1.0)
+    assert bold == pytest.approx(plain + (plain * (1 - plain) / 3) ** 0.5) and bold > 0.9
+    assert cal.level_rate(1, explore=1.0) - cal.level_rate(1) < 0.02  # 60 tests: next to no bonus
+    for _ in range(200):  # depth 3 tested often, accepted half the time: the bonus fades
+        cal.update_levels([2], [3], [bool(_ % 2)])
+    assert cal.level_rate(2, explore=1.0) - cal.level_rate(2) < 0.04
+    assert cal.level_rate(2, explore=1.0) <= 1.0
+
+
+def test_model_sources_take_the_exploration_option():
+    from drafttree.drafters.options import HybridOptions, parse_options
+    from drafttree.errors import DraftTreeError
+
+    assert parse_options(HybridOptions, "auto", {"explore": "0"}).explore == 0.0
+    assert parse_options(HybridOptions, "auto", {}).explore == 1.0
+    with pytest.raises(DraftTreeError):
+        parse_options(HybridOptions, "auto", {"explore": "-1"})

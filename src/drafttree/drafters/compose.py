@@ -26,7 +26,7 @@ def make_hybrid(target, draft=None, head=None, o: HybridOptions | None = None) -
     budget = make_budget(target, max_total=o.max_total, min_total=1) if o.total_tokens == AUTO else None
     curve = None if budget is None else (lambda n, c=budget.cost: c.verify(n) / c.verify(1))
     model_kw = dict(top_k=o.top_k, depth=o.depth, max_total=o.max_total, cost_curve=curve,
-                    prune_against=o.prune_against)
+                    prune_against=o.prune_against, explore=o.explore)
     sources = []
     if "ngram" in wanted:
         sources.append(NgramSource(max_ngram=o.max_ngram, num_tokens=o.num_tokens, max_candidates=o.max_candidates))

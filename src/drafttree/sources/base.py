@@ -9,6 +9,7 @@ Everything here counts; nothing reads a clock, so estimates do not sway with the
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
@@ -68,13 +69,18 @@ class Calibration:
             self.level_tests[lv] += 1.0
             self.level_hits[lv] += float(hit)
 
-    def level_rate(self, level: int, strength: float = 2.0) -> float:
+    def level_rate(self, level: int, strength: float = 2.0, explore: float = 0.0) -> float:
         """P(some child of an accepted node is accepted) at ``level`` (0-based), each level shrunk towards the level
         above it (the first towards 1/2): a level never drafted reads as the one above, not as a coin toss, so a
-        source that stopped early is not kept shallow by the prior alone."""
-        rate = 0.5
+        source that stopped early is not kept shallow by the prior alone. ``explore`` > 0 adds that many standard
+        errors of the level's estimate: a level seldom tested reads optimistic, so one early miss there does not
+        stop a source from ever drafting it again (and learning it pays), while a well-tested level reads as it is."""
+        rate, n = 0.5, strength
         for lv in range(min(level, len(self.level_hits) - 1) + 1):
-            rate = (self.level_hits[lv] + strength * rate) / (self.level_tests[lv] + strength)
+            n = self.level_tests[lv] + strength
+            rate = (self.level_hits[lv] + strength * rate) / n
+        if explore > 0:
+            rate += explore * math.sqrt(max(0.0, rate * (1.0 - rate)) / n)
         return min(1.0, rate)
 
     def decay(self, factor: float) -> None:

@@ -23,6 +23,10 @@ from drafttree.tree import Candidates
 
 PROB_EDGES = torch.tensor([0.02, 0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.97])
 DEPTHS = 4  # depth buckets 1, 2, 3, 4+
+# a level's rate when deciding to draft it reads this many standard errors high (Calibration.level_rate): without it
+# one early miss at a level the source seldom reaches kept a 0.5B draft LM at two levels for a whole generation
+# (HumanEval #12 at L, stop 48: depth-3 rate 0.65 from 1 test, where its chains of 4 are all accepted 75% of rounds)
+EXPLORE = 1.0
 EXTEND_MIN = 0.3  # a draft LM drafts on after another source's branch only while that branch is this likely
 
 
@@ -45,8 +49,9 @@ class ExpandingSource:
     cost = 0.25
 
     def __init__(self, top_k: int = 8, depth: int = 8, max_total: int = 64, cost_curve=None,
-                 prune_against: str = "best"):
+                 prune_against: str = "best", explore: float = EXPLORE):
         self.top_k, self.depth, self.max_total = int(top_k), int(depth), int(max_total)
+        self.explore = float(explore)  # standard errors added to a level's rate when deciding to draft it
         self.prune_against = prune_against  # what a deeper level must beat (budget.best_tree's rule)
         self.calibration = Calibration(prob_prior(), levels=DEPTHS)
         self.cost_curve = cost_curve  # relative verify cost by tree size (target forwards), or None
@@ -123,7 +128,7 @@ class ExpandingSource:
         """How often an accepted node of this source at ``depth - 1`` had a child accepted at ``depth``: what
         expanding a node is worth. Counted per tested parent, not per tested node (siblings verified beside the
         best child would otherwise dilute it), and a depth not yet drafted reads as the depth above it."""
-        return self.calibration.level_rate(min(depth, DEPTHS) - 1)
+        return self.calibration.level_rate(min(depth, DEPTHS) - 1, explore=self.explore)
 
     @staticmethod
     def cell_levels(cells: list[int]) -> list[int]:
