@@ -650,3 +650,18 @@ def test_widened_weights_are_kept_until_the_weight_changes_or_goes(monkeypatch):
     big = torch.zeros(gemm.CHUNK_MIN_WEIGHT, dtype=torch.bfloat16)  # the kernel's chunks take such weights: not kept
     gemm.widened_weight(big)
     assert gemm._wide_copies == {}
+    monkeypatch.setenv("DRAFTTREE_WIDE_CACHE_MB", str(1.5 * 64 * 64 * 4 / (1 << 20)))  # room for one 64 x 64 copy
+    a, b = torch.randn(64, 64, generator=g).bfloat16(), torch.randn(64, 64, generator=g).bfloat16()
+    kept = gemm.widened_weight(a)
+    assert torch.equal(gemm.widened_weight(b), b.float()) and list(gemm._wide_copies) == [id(a)]  # b: no room
+    assert gemm.widened_weight(a) is kept
+    with torch.no_grad():
+        a.data.mul_(3)  # a write the version counter does not see: the kept copy is stale until cleared
+    gemm.clear_wide_cache()
+    assert gemm._wide_copies == {} and gemm._wide_bytes[0] == 0
+    assert torch.equal(gemm.widened_weight(a), a.float())
+    p = torch.nn.Parameter(torch.randn(8, 8, generator=g).bfloat16())  # with autograd on: kept detached
+    assert gemm.widened_weight(p).grad_fn is None and id(p) in gemm._wide_copies
+    del p
+    gc.collect()
+    assert list(gemm._wide_copies) == [id(a)]

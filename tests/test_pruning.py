@@ -249,11 +249,38 @@ def test_a_seldom_tested_level_reads_optimistic_and_a_well_tested_one_as_it_is()
     assert cal.level_rate(2, explore=1.0) <= 1.0
 
 
+@pytest.mark.parametrize("explore, deeper", [(0.0, False), (1.0, True)])
+def test_after_one_early_miss_only_the_optimistic_rule_drafts_that_level_again(explore, deeper):
+    """The L diagnostic's situation in small: a confident source (0.97 a node), depths 1-2 always accepted, depth 3
+    tested once and missed. Read as it is (0.66), a third level does not pay for a costly drafter's call; read one
+    standard error high (0.93) it does, so the level is drafted (and re-learned) instead of abandoned."""
+    from drafttree.sources.model_sources import PROB_EDGES, ExpandingSource
+
+    class Source(ExpandingSource):
+        def _stepper(self, rc):
+            return self.stepper
+
+    curve = lambda n: 1.0 + 0.05 * (n - 1)  # noqa: E731
+    src = Source(top_k=4, depth=6, max_total=32, cost_curve=curve, explore=explore)
+    src.cost, src.stepper = 0.5, PeakedStepper(0.99)
+    cal = src.calibration
+    top_bin = PROB_EDGES.numel()  # p = 0.99 falls in the last bin, at every depth
+    for depth in range(4):
+        cal.prior[depth * (PROB_EDGES.numel() + 1) + top_bin] = 0.97
+    for _ in range(60):
+        cal.update_levels([0, 1], [0, 1], [True, True])
+    cal.update_levels([2], [2], [False])
+    src.propose(RoundContext([1, 3], 3, 6, Sampling(), []), 0)
+    # levels drafted below the root's children: depth 2 either way, depth 3 (and, untested, on) only when optimistic
+    assert (len(src.stepper.widths) > 1) == deeper and src.stepper.widths[0] == 1, src.stepper.widths
+
+
 def test_model_sources_take_the_exploration_option():
     from drafttree.drafters.options import HybridOptions, parse_options
     from drafttree.errors import DraftTreeError
+    from drafttree.sources.model_sources import EXPLORE
 
     assert parse_options(HybridOptions, "auto", {"explore": "0"}).explore == 0.0
-    assert parse_options(HybridOptions, "auto", {}).explore == 1.0
+    assert parse_options(HybridOptions, "auto", {}).explore == EXPLORE == 1.0
     with pytest.raises(DraftTreeError):
         parse_options(HybridOptions, "auto", {"explore": "-1"})

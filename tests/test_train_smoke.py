@@ -404,15 +404,20 @@ def test_training_under_a_time_budget_stops_and_saves_its_head(pipeline, default
 
 
 def test_training_precision_auto_avoids_slow_bf16_products(monkeypatch):
-    """``auto`` trains in float32 on a CPU whose bf16 products are slow, bf16 where they are fast or on CUDA;
+    """``auto`` trains in float32 on a CPU whose bf16 products are slow, bf16 where they are fast or on a CUDA GPU
+    with bf16 (float32 on one without);
     an explicit choice is kept and a bad one is a one-line error."""
+    import drafttree.models as models_mod
     import drafttree.train.head as head_mod
 
-    monkeypatch.setattr(head_mod, "cpu_has_fast_bf16", lambda: False)
+    monkeypatch.setattr(models_mod, "cpu_has_fast_bf16", lambda: False)
     assert head_mod.training_precision("auto", torch.device("cpu")) == "no"
     assert head_mod.training_precision("bf16", torch.device("cpu")) == "bf16"
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: True)
     assert head_mod.training_precision("auto", torch.device("cuda")) == "bf16"
-    monkeypatch.setattr(head_mod, "cpu_has_fast_bf16", lambda: True)
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: False)  # e.g. a V100 or T4
+    assert head_mod.training_precision("auto", torch.device("cuda")) == "no"
+    monkeypatch.setattr(models_mod, "cpu_has_fast_bf16", lambda: True)
     assert head_mod.training_precision("auto", torch.device("cpu")) == "bf16"
     assert head_mod.training_precision("no", torch.device("cpu")) == "no"
     with pytest.raises(DraftTreeError, match="mixed precision must be auto, bf16 or no"):

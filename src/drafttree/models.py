@@ -86,7 +86,8 @@ def resolve_dtype(dtype: str | torch.dtype | None, device: str | torch.device = 
     if dtype in (None, "auto"):
         dev = torch.device(device)
         if dev.type == "cuda":
-            return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+            # not emulated: a V100 or T4 'supports' bf16 only by emulation, far slower than its float16
+            return torch.bfloat16 if torch.cuda.is_bf16_supported(including_emulation=False) else torch.float16
         return torch.bfloat16 if cpu_has_fast_bf16() else torch.float32
     if dtype not in names:
         raise DraftTreeError(f"unknown dtype {dtype!r}; choose one of auto, float32, bfloat16, float16")

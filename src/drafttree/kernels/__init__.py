@@ -2,6 +2,7 @@
 
 from drafttree.kernels.gemm import (
     MAX_ROWS,
+    clear_wide_cache,
     kernel_key,
     kernel_status,
     kernels_in_use,
@@ -11,6 +12,5 @@ from drafttree.kernels.gemm import (
 )
 from drafttree.kernels.layers import fast_linears, torch_linears
 
-__all__ = ["MAX_ROWS", "fast_linears", "kernel_key", "kernel_status", "kernels_in_use", "linear", "small_gemm",
-           "torch_linears",
-           "wide_bf16_products"]
+__all__ = ["MAX_ROWS", "clear_wide_cache", "fast_linears", "kernel_key", "kernel_status", "kernels_in_use", "linear",
+           "small_gemm", "torch_linears", "wide_bf16_products"]

@@ -258,7 +258,8 @@ def _timing_operands(rows: int = 256, k: int = 1024, n: int = 1024) -> tuple[tor
 def _time_wide() -> bool:
     x, w = _timing_operands()
     with torch.inference_mode():
-        return _best_time(lambda: F.linear(x, w)) > 1.3 * _best_time(lambda: _widened(x, w, None))
+        # widening anew each call: the choice also covers weights whose copies are not kept (big ones, a full cache)
+        return _best_time(lambda: F.linear(x, w)) > 1.3 * _best_time(lambda: _widened(x, w, None, keep=False))
 
 
 def chunked_bf16_products() -> bool:
@@ -296,11 +297,15 @@ def _kernel_chunks(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None) 
 # prefill on the Zen 3 of stop 48: allocating, touching and filling 2-7 MB per product, then reading it cold). Only
 # weights under CHUNK_MIN_WEIGHT elements (bigger ones take the kernel's chunks or are widened a block at a time), up
 # to DRAFTTREE_WIDE_CACHE_MB in all (default 1024: SmolLM2-135M's layers take 424 MB, a 1.5B model's attention 616;
-# 0 turns it off). A copy is dropped with its weight and redone when the weight changes (version, storage).
+# 0 turns it off). A copy is dropped with its weight and redone when the weight changes through the tensor (its version
+# counter) or gets new storage. Writes that bypass the counter (``p.data.copy_(...)``, another alias of its memory)
+# are not seen: call :func:`clear_wide_cache` after such an edit.
 WIDE_CACHE_MB = 1024
 _wide_copies: dict[int, tuple[weakref.ref, int, int, torch.Tensor]] = {}
 _wide_bytes = [0]
-_wide_lock = threading.Lock()  # not _lock: the path timings hold that one while they widen
+# not _lock (the path timings hold that one); re-entrant: a weight freed by the garbage collector while this thread
+# holds it runs _forget, which takes it too
+_wide_lock = threading.RLock()
 
 
 def wide_cache_limit() -> int:
@@ -315,9 +320,20 @@ def wide_cache_limit() -> int:
     return int(max(0.0, mb) * (1 << 20))
 
 
-def _forget(key: int, nbytes: int) -> None:
-    if _wide_copies.pop(key, None) is not None:
-        _wide_bytes[0] -= nbytes
+def clear_wide_cache() -> None:
+    """Drop every kept float32 weight copy (after editing weights in ways their version counter does not see)."""
+    with _wide_lock:
+        _wide_copies.clear()
+        _wide_bytes[0] = 0
+
+
+def _forget(key: int, ref: weakref.ref) -> None:
+    """Drop ``key``'s copy if it is still the one ``ref`` belongs to (a weakref callback, or a stale entry)."""
+    with _wide_lock:
+        entry = _wide_copies.get(key)
+        if entry is not None and entry[0] is ref:
+            del _wide_copies[key]
+            _wide_bytes[0] -= entry[3].numel() * entry[3].element_size()
 
 
 def widened_weight(t: torch.Tensor) -> torch.Tensor:
@@ -330,25 +346,27 @@ def widened_weight(t: torch.Tensor) -> torch.Tensor:
     hit = _wide_copies.get(key)
     if hit is not None and hit[0]() is t and hit[1] == version and hit[2] == ptr:
         return hit[3]
-    wide = t.float()
-    nbytes = wide.numel() * wide.element_size()
+    wide = t.detach().float()  # detached: a copy holding a graph would keep its weight alive
     if t.numel() >= CHUNK_MIN_WEIGHT:
         return wide
+    nbytes = wide.numel() * wide.element_size()
     with _wide_lock:
-        if hit is not None:
-            _forget(key, hit[3].numel() * hit[3].element_size())
+        old = _wide_copies.get(key)  # again, under the lock: another thread may have stored it meanwhile
+        if old is not None:
+            _forget(key, old[0])
         if _wide_bytes[0] + nbytes <= wide_cache_limit():
-            ref = weakref.ref(t, lambda _, k=key, n=nbytes: _forget(k, n))
+            ref = weakref.ref(t, lambda r, k=key: _forget(k, r))
             _wide_copies[key] = (ref, version, ptr, wide)
             _wide_bytes[0] += nbytes
     return wide
 
 
-def _widened(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+def _widened(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, keep: bool = True) -> torch.Tensor:
     xf = x.float()
     step = max(1, WIDE_CHUNK // max(1, w.shape[1]))
     if w.shape[0] <= step:
-        return F.linear(xf, widened_weight(w), None if bias is None else widened_weight(bias)).to(x.dtype)
+        wide = widened_weight if keep else torch.Tensor.float
+        return F.linear(xf, wide(w), None if bias is None else wide(bias)).to(x.dtype)
     out = x.new_empty((*x.shape[:-1], w.shape[0]))
     for a in range(0, w.shape[0], step):
         b = min(a + step, w.shape[0])

@@ -36,7 +36,7 @@ from tqdm import tqdm
 from drafttree.errors import DraftTreeError
 from drafttree.heads.eagle3 import Eagle3Head
 from drafttree.heads.model import EagleHead
-from drafttree.models import cpu_has_fast_bf16
+from drafttree.models import resolve_dtype
 from drafttree.train.data import load_feature_dir
 from drafttree.train.unroll import (
     choose_draft_vocab,
@@ -252,7 +252,8 @@ def training_precision(choice: str, device: torch.device) -> str:
         raise DraftTreeError(f"mixed precision must be auto, bf16 or no, got {choice!r}")
     if choice != "auto":
         return choice
-    return "bf16" if torch.device(device).type == "cuda" or cpu_has_fast_bf16() else "no"
+    # the inference dtype's own policy (models.resolve_dtype): bf16 where the device runs it fast, float32 elsewhere
+    return "bf16" if resolve_dtype("auto", device) is torch.bfloat16 else "no"
 
 
 def train_head(target, cfg: TrainConfig, resume: bool = False, show_progress: bool = True) -> dict:
