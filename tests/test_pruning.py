@@ -280,7 +280,7 @@ def test_model_sources_take_the_exploration_option():
     from drafttree.errors import DraftTreeError
     from drafttree.sources.model_sources import EXPLORE
 
-    assert parse_options(HybridOptions, "auto", {"explore": "0"}).explore == 0.0
-    assert parse_options(HybridOptions, "auto", {}).explore == EXPLORE == 1.0
+    assert parse_options(HybridOptions, "auto", {"explore": "1.5"}).explore == 1.5
+    assert parse_options(HybridOptions, "auto", {}).explore == EXPLORE == 0.0
     with pytest.raises(DraftTreeError):
         parse_options(HybridOptions, "auto", {"explore": "-1"})

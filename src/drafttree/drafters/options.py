@@ -132,7 +132,7 @@ class HybridOptions:
     batch_pass: bool = _opt(False, "bool", None, "batched rows draft their heads together (one forward per level)")
     prune_against: str = _opt("best", "str", None, PRUNE_DOC)
     # the default is sources.model_sources.EXPLORE (a test checks they agree; importing it here would pull in torch)
-    explore: float = _opt(1.0, "float", 0.0, "model sources: standard errors added to a level's learnt rate")
+    explore: float = _opt(0.0, "float", 0.0, "model sources: standard errors added to a level's learnt rate")
 
 
 @dataclass

@@ -23,10 +23,12 @@ from drafttree.tree import Candidates
 
 PROB_EDGES = torch.tensor([0.02, 0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.97])
 DEPTHS = 4  # depth buckets 1, 2, 3, 4+
-# a level's rate when deciding to draft it reads this many standard errors high (Calibration.level_rate): without it
-# one early miss at a level the source seldom reaches kept a 0.5B draft LM at two levels for a whole generation
-# (HumanEval #12 at L, stop 48: depth-3 rate 0.65 from 1 test, where its chains of 4 are all accepted 75% of rounds)
-EXPLORE = 1.0
+# a level's rate when deciding to draft it may read this many standard errors high (Calibration.level_rate, option
+# ``explore``): without it one early miss at a level the source seldom reaches kept a 0.5B draft LM at two levels for a
+# whole generation (HumanEval #12 at L, stop 48: depth-3 rate 0.65 from 1 test, where its chains of 4 are all accepted
+# in 75% of rounds). Off by default: with 1.0, side by side, L 1.24x vs 1.25x the better single source, S T=0 1.31x vs
+# 1.29x `ar`, S T=1 1.04x vs 1.06x `ar` (more drafting where rates are low): no gain measured (docs/benchmark-notes.md)
+EXPLORE = 0.0
 EXTEND_MIN = 0.3  # a draft LM drafts on after another source's branch only while that branch is this likely
 
 
