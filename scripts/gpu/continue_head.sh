@@ -1,6 +1,6 @@
 #!/bin/bash
 # Issue 12 on a lent GPU: one new T=1 pass, greedy features, continue the shipped head under a time budget.
-# env: BUDGET (s, whole job), DEV, SMALL=1 (a CPU rehearsal on tiny data), SEED (a new one per lease: stop 39 used 2-4, stop 44 used 5)
+# env: BUDGET (s, whole job), DEV, SKIP_LDLP=1 with TAIL_S=20 (train to the end; the predictor is not retrained), SMALL=1 (a CPU rehearsal on tiny data), SEED (a new one per lease: stop 39 used 2-4, stop 44 used 5)
 set -u
 T0=$(date +%s); BUDGET=${BUDGET:-530}; END=$((T0 + BUDGET)); DEV=${DEV:-cuda}; SEED=${SEED:-6}
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"; LOG=$OUT/log.txt
@@ -52,15 +52,17 @@ wait $FP; echo "greedy features rc $?"; tail -c 600 $W/feat.log
 stamp "features of the T=1 pass"
 $DT data features --distilled $W/t-clean.jsonl --out $W/feat-t --dtype bfloat16 --device $DEV --aux-layers none 2>&1 | tail -c 300
 (xz -T4 -6 -c $W/t-clean.jsonl > $OUT/sampled-t1-seed$SEED.jsonl.xz &)
-TRAIN_S=$(( $(left) - 75 )); [ "${SMALL:-0}" = 1 ] && TRAIN_S=20
+TRAIN_S=$(( $(left) - ${TAIL_S:-75} )); [ "${SMALL:-0}" = 1 ] && TRAIN_S=20
 stamp "train for $TRAIN_S s"
 $DT train --features $W/feat --extra-features $W/feat-t --out $W/run --head-kind eagle1 --dtype bfloat16 --device $DEV \
   --epochs 60 --ttt-steps 3 --draft-vocab 8192 --batch-tokens $BT $EVAL \
   --init-head src/drafttree/assets/heads/smollm2-135m-instruct --lr 3e-4 --warmup-steps 20 --eval-every 200 \
   --save-every 100 --max-seconds $TRAIN_S 2>&1 | tr '\r' '\n' | grep -v "^$" | awk '/eval|epoch|Error|error|Traceback|^ |^\{|^\}/ || NR%40==1'
 cp $W/run/summary.json $OUT/ 2>/dev/null; cp $W/run/checkpoint/progress.json $OUT/ 2>/dev/null
+if [ "${SKIP_LDLP:-0}" != 1 ]; then
 stamp "LDLP"
 timeout $(( $(left) - 15 > 10 ? $(left) - 15 : 10 )) $DT train-length --features $W/feat --head $W/run/head --out $W/run/head \
   --k-max 8 --lam 3 --dtype bfloat16 --device $DEV --max-samples 3000 --batch-tokens $BT $EVAL 2>&1 | tr '\r' '\n' | tail -n 25
+fi
 tar -cf $OUT/head.tar --exclude="ldlp-labels*" -C $W/run head
 ls -la $OUT; stamp "done"
