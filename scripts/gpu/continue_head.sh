@@ -1,6 +1,6 @@
 #!/bin/bash
 # Issue 12 on a lent GPU: one new T=1 pass, greedy features, continue the shipped head under a time budget.
-# env: BUDGET (s, whole job), DEV, SKIP_LDLP=1 with TAIL_S=20 (train to the end; the predictor is not retrained), SMALL=1 (a CPU rehearsal on tiny data), SEED (a new one per lease: stop 39 used 2-4, stop 44 used 5)
+# env: BUDGET (s, whole job), DEV, PRIOR=DIR (earlier passes' sampled-t1-seed*.jsonl.xz, trained on with the new one), SKIP_LDLP=1 with TAIL_S=20 (train to the end; the predictor is not retrained), SMALL=1 (a CPU rehearsal on tiny data), SEED (a new one per lease: stop 39 used 2-4, stop 44 used 5)
 set -u
 T0=$(date +%s); BUDGET=${BUDGET:-530}; END=$((T0 + BUDGET)); DEV=${DEV:-cuda}; SEED=${SEED:-6}
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"; LOG=$OUT/log.txt
@@ -50,8 +50,13 @@ fi
 $PY scripts/gpu/complete_lines.py $W/t.jsonl $W/t-clean.jsonl
 wait $FP; echo "greedy features rc $?"; tail -c 600 $W/feat.log
 stamp "features of the T=1 pass"
-$DT data features --distilled $W/t-clean.jsonl --out $W/feat-t --dtype bfloat16 --device $DEV --aux-layers none 2>&1 | tail -c 300
 (xz -T4 -6 -c $W/t-clean.jsonl > $OUT/sampled-t1-seed$SEED.jsonl.xz &)
+cp $W/t-clean.jsonl $W/t-all.jsonl
+for f in ${PRIOR:-/nonexistent}/sampled-t1-seed*.jsonl.xz; do  # earlier leases' passes (PRIOR=DIR), trained on together
+  [ -f "$f" ] && xz -dc "$f" >> $W/t-all.jsonl && echo "prior pass $f"
+done
+echo "sampled answers: $(wc -l < $W/t-all.jsonl)"
+$DT data features --distilled $W/t-all.jsonl --out $W/feat-t --dtype bfloat16 --device $DEV --aux-layers none 2>&1 | tail -c 300
 TRAIN_S=$(( $(left) - ${TAIL_S:-75} )); [ "${SMALL:-0}" = 1 ] && TRAIN_S=20
 stamp "train for $TRAIN_S s"
 $DT train --features $W/feat --extra-features $W/feat-t --out $W/run --head-kind eagle1 --dtype bfloat16 --device $DEV \
