@@ -59,10 +59,8 @@ echo "sampled answers: $(wc -l < $W/t-all.jsonl)"
 $DT data features --distilled $W/t-all.jsonl --out $W/feat-t --dtype bfloat16 --device $DEV --aux-layers none 2>&1 | tail -c 300
 TRAIN_S=$(( $(left) - ${TAIL_S:-75} )); [ "${SMALL:-0}" = 1 ] && TRAIN_S=20
 stamp "train for $TRAIN_S s"
-$DT train --features $W/feat --extra-features $W/feat-t --out $W/run --head-kind eagle1 --dtype bfloat16 --device $DEV \
-  --epochs 60 --ttt-steps 3 --draft-vocab 8192 --batch-tokens $BT $EVAL \
-  --init-head src/drafttree/assets/heads/smollm2-135m-instruct --lr 3e-4 --warmup-steps 20 --eval-every 200 \
-  --save-every 100 --max-seconds $TRAIN_S 2>&1 | tr '\r' '\n' | grep -v "^$" | awk '/eval|epoch|Error|error|Traceback|^ |^\{|^\}/ || NR%40==1'
+source scripts/gpu/train_head.sh
+train_head --max-seconds $TRAIN_S
 cp $W/run/summary.json $OUT/ 2>/dev/null; cp $W/run/checkpoint/progress.json $OUT/ 2>/dev/null
 if [ "${SKIP_LDLP:-0}" != 1 ]; then
 stamp "LDLP"
