@@ -286,3 +286,37 @@ def test_batched_rows_with_their_own_lengths_and_cancellation(shipped, reference
         assert s.tokens == ref[:n] and s.stats.finish_reason in ("length", "stop")
     assert victim.stats.finish_reason == "cancelled" and 0 < len(victim.tokens) < 64
     assert victim.tokens == references[5][: len(victim.tokens)]
+
+
+def test_newcomers_prefilled_together_equal_each_prefilled_alone(shipped):
+    """Prompts packed into one prefill forward (each attending causally over itself only) give each prompt what its
+    own prefill gives: logits, features (the head's inputs) and cache rows, in float32 up to summation order; the
+    packing splits at ``MAX_PACKED_TOKENS``; a prompt the target refuses fails before any row is added."""
+    from drafttree.batching import BatchTarget
+    from drafttree.errors import DraftTreeError
+
+    sm = shipped
+    ids = [sm.encode_prompt(p) for p in PROMPTS[:5]]
+    layers = getattr(sm.head, "aux_layers", None)
+    alone, packed = BatchTarget(sm.target.model, layers), BatchTarget(sm.target.model, layers)
+    assert packed.packs_prompts()
+    packed.MAX_PACKED_TOKENS = sum(x.numel() for x in ids[:3])  # two packed forwards: 3 prompts, then 2
+    ref = [alone.add(x) for x in ids]
+    calls = []
+    orig = packed._prefill_packed
+    packed._prefill_packed = lambda group: calls.append(len(group)) or orig(group)
+    got = packed.add_many(ids)
+    assert calls == [3, 2] and packed.lens == alone.lens == [x.numel() for x in ids]
+    for r, (a, b) in enumerate(zip(ref, got)):
+        assert a.logits.shape == b.logits.shape and a.features.shape == b.features.shape
+        assert torch.allclose(a.logits, b.logits, atol=1e-3, rtol=1e-4)
+        assert int(a.logits.argmax()) == int(b.logits.argmax())
+        assert torch.allclose(a.features, b.features, atol=1e-3, rtol=1e-4)
+        n = ids[r].numel()
+        for la, lb in zip(alone.cache.layers, packed.cache.layers):
+            assert torch.allclose(la.keys[r, :, :n], lb.keys[r, :, :n], atol=1e-4, rtol=1e-4)
+            assert torch.allclose(la.values[r, :, :n], lb.values[r, :, :n], atol=1e-4, rtol=1e-4)
+    too_long = torch.ones(sm.target.model.config.max_position_embeddings, dtype=torch.long)
+    with pytest.raises(DraftTreeError, match="context window"):
+        packed.add_many([ids[0], too_long])
+    assert packed.rows == 5

@@ -203,7 +203,7 @@ def test_noise_is_gumbel_per_position_and_reproducible():
 # ------------------------------------------------------------------- end to end on tiny transformers models
 
 
-def broken_accept(tree, logits, sampling, noise, pos):
+def broken_accept(tree, logits, sampling, noise, pos, best=None):
     return accept_sampled(tree, logits, sampling, noise, pos, _broken=True)
 
 

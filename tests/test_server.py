@@ -229,6 +229,53 @@ def test_internal_error_is_500_and_server_survives(server, sm, monkeypatch, expe
     assert status == 200 and out["choices"][0]["message"]["content"] == expected.text
 
 
+def test_newcomers_are_prefilled_together_and_one_by_one_after_a_failure(server, monkeypatch, expected):
+    """Requests that arrive while the model is busy join together (one packed prefill); if that prefill fails, each
+    is started alone, so every request still gets its answer."""
+    import threading
+    import time
+
+    from drafttree.batching import BatchTarget
+    from drafttree.server.scheduler import Scheduler
+
+    start_all, prefill_packed = Scheduler._start_all, BatchTarget._prefill_packed
+    groups, packed = [], []
+
+    def slow_first(self, jobs):  # the first request of a wave waits, so that the next ones arrive together
+        if not groups:
+            time.sleep(1.0)
+        groups.append(len(jobs))
+        return start_all(self, jobs)
+
+    def fail_once(self, ids):
+        packed.append(len(ids))
+        if len(packed) == 1:
+            raise RuntimeError("packed prefill failed")
+        return prefill_packed(self, ids)
+
+    monkeypatch.setattr(Scheduler, "_start_all", slow_first)
+    monkeypatch.setattr(BatchTarget, "_prefill_packed", fail_once)
+    for _wave in range(2):
+        groups.clear()
+        results = [None] * 4
+
+        def ask(i, results=results):
+            results[i] = post(server, "/v1/chat/completions", {"messages": MESSAGES, "max_tokens": 12,
+                                                               "temperature": 0})
+
+        threads = [threading.Thread(target=ask, args=(i,)) for i in range(4)]
+        threads[0].start()
+        time.sleep(0.3)
+        for t in threads[1:]:
+            t.start()
+        for t in threads:
+            t.join(timeout=120)
+        assert [r[0] for r in results] == [200] * 4
+        assert all(r[1]["choices"][0]["message"]["content"] == expected.text for r in results)
+        assert max(groups) == 3, groups
+    assert packed == [3, 3], "the first wave's packed prefill failed (then one by one), the second's succeeded"
+
+
 def test_still_serving_after_bad_requests(server, expected):
     post(server, "/v1/chat/completions", {"messages": MESSAGES, "top_p": 7})
     request(server, "POST", "/v1/chat/completions", raw=b"{")

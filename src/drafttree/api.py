@@ -305,9 +305,9 @@ class SpeculativeModel:
             return out
 
         while waiting or dec.rows:
-            while waiting and dec.rows < limit:
-                seq = waiting.pop(0)
-                yield from chunks(seq, dec.add(seq))
+            joining, waiting = waiting[: max(0, limit - dec.rows)], waiting[max(0, limit - dec.rows):]
+            for seq, new in zip(joining, dec.add_many(joining)):  # newcomers prefilled together
+                yield from chunks(seq, new)
             for seq, new in dec.step():
                 yield from chunks(seq, new)
 

@@ -65,6 +65,16 @@ class PackedRows:
     key_len: torch.Tensor
 
 
+@dataclass
+class PromptRows:
+    """Several prompts prefilled in one forward of one packed sequence: prompt r is tokens ``[starts[r],
+    starts[r + 1])`` and row r of the cache; each attends causally over its own keys only, exactly as a prefill
+    of that prompt alone attends (the same SDPA call on the same rows), while the linear layers see every
+    prompt's tokens at once (a product of many rows runs near the GEMM's peak, one of a short prompt far below)."""
+
+    starts: list[int]
+
+
 def kernel_for(device: torch.device, dtype: torch.dtype):
     """The decode-attention kernel (``kernels/tree_attention.cpp``) where it runs: CPU, float32/bf16, built."""
     if device.type != "cpu" or dtype not in (torch.float32, torch.bfloat16) or not kernels.kernels_in_use():
@@ -73,16 +83,26 @@ def kernel_for(device: torch.device, dtype: torch.dtype):
 
 
 @contextlib.contextmanager
-def row_runs(runs: list[RowRun] | None, packed: PackedRows | None = None):
+def row_runs(runs: list[RowRun] | None, packed: PackedRows | None = None, prompts: PromptRows | None = None):
     """Inside the block, a forward of one packed sequence over a cache of rows attends each row over its own slots
     only (its mask allows nothing beyond): in one kernel call (``packed``, where the kernel runs), else run by run
-    (``runs``), queries padded to the run's width."""
-    old = getattr(_local, "runs", None), getattr(_local, "packed", None)
-    _local.runs, _local.packed = runs, packed
+    (``runs``), queries padded to the run's width; ``prompts``: a prefill of several prompts, each causal."""
+    old = getattr(_local, "runs", None), getattr(_local, "packed", None), getattr(_local, "prompts", None)
+    _local.runs, _local.packed, _local.prompts = runs, packed, prompts
     try:
         yield
     finally:
-        _local.runs, _local.packed = old
+        _local.runs, _local.packed, _local.prompts = old
+
+
+def _prompt_rows(module, query, key, value, prompts: PromptRows, dropout, scaling, kwargs):
+    """Each prompt's queries over its own row's keys, causal: the call a prefill of the prompt alone makes."""
+    outs = []
+    for r, (a, b) in enumerate(zip(prompts.starts, prompts.starts[1:])):
+        outs.append(sdpa_attention_forward(module, query[:, :, a:b], key[r:r + 1, :, : b - a],
+                                           value[r:r + 1, :, : b - a], None, dropout=dropout, scaling=scaling,
+                                           **kwargs)[0])
+    return torch.cat(outs, dim=1), None
 
 
 def _packed(module, query, key, value, attention_mask, runs: list[RowRun], **kwargs):
@@ -142,6 +162,10 @@ def grouped_sdpa(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor
             outs.append(grouped_sdpa(module, query[:, :, t0:t0 + t], k, v, m, dropout, scaling, **kwargs)[0])
             t0 += t
         return torch.cat(outs, dim=1), None
+    prompts = getattr(_local, "prompts", None)
+    if (prompts is not None and query.shape[0] == 1 and key.shape[0] == len(prompts.starts) - 1
+            and query.shape[2] == prompts.starts[-1]):
+        return _prompt_rows(module, query, key, value, prompts, dropout, scaling, kwargs)
     scale = scaling if scaling is not None else query.shape[-1] ** -0.5
     packed = getattr(_local, "packed", None)
     ext = _kernel_call(module, query, key, value, attention_mask, dropout, kwargs, packed is not None)

@@ -41,6 +41,7 @@ class GrowingLayer(DynamicLayer):
         # set by a batch: the (row, slot) each new state goes to, shaped like the forward's [batch, tokens]
         self.scatter: tuple[torch.Tensor, torch.Tensor] | None = None
         self.row_end = 0  # ... and the slot after the last of them (a host int: no device sync per layer)
+        self.new_rows = 0  # rows a first scattered forward fills (several prompts prefilled together)
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
         if not self.is_initialized:
@@ -62,6 +63,9 @@ class GrowingLayer(DynamicLayer):
         attend over their own). The forward may hold one row per batch entry or all rows' trees packed in one."""
         index, slots = self.scatter
         need = max(self._len, self.row_end)
+        if self._k is None and self.new_rows:
+            shape = (self.new_rows, key_states.shape[1], need, key_states.shape[-1])
+            self._k, self._v = key_states.new_zeros(shape), value_states.new_zeros(shape[:-1] + value_states.shape[-1:])
         if self._k is None:
             raise RuntimeError("a batched forward scatters into rows added before it (add_row)")
         self._reserve(self._k[..., :0, :], self._v[..., :0, :], need)
@@ -122,11 +126,13 @@ class GrowingLayer(DynamicLayer):
             self._k, self._v, self._rows = self._k[live][rows], self._v[live][rows], None
         self._set_views()
 
-    def add_row(self, other: GrowingLayer) -> None:
-        """Append ``other``'s single sequence as a new batch row. The buffer keeps room for more rows (doubling),
-        so a stream of newcomers reallocates it only now and then; slots past a row's length are masked out by
-        the caller (they hold zeros or an earlier row's states: finite either way)."""
-        k, v, n = other._k[..., : other._len, :], other._v[..., : other._len, :], other._len
+    def add_row(self, other: GrowingLayer, row: int = 0, length: int | None = None) -> None:
+        """Append ``other``'s row ``row`` (its first ``length`` slots; default: its single sequence) as a new batch
+        row. The buffer keeps room for more rows (doubling), so a stream of newcomers reallocates it only now and
+        then; slots past a row's length are masked out by the caller (they hold zeros or an earlier row's states:
+        finite either way)."""
+        n = other._len if length is None else length
+        k, v = other._k[row:row + 1, ..., :n, :], other._v[row:row + 1, ..., :n, :]
         rows = 0 if self._k is None else (self._k.shape[0] if self._rows is None else self._rows)
         length = max(self._len, n)
         if self._k is None or rows + 1 > self._k.shape[0] or length > self._k.shape[-2]:
@@ -168,9 +174,20 @@ class GrowingCache(DynamicCache):
             layer.scatter = None if index is None else (index, slots)
             layer.row_end = end
 
-    def add_row(self, other: GrowingCache) -> None:
-        """Append the single sequence cached in ``other`` as a new batch row (see :meth:`GrowingLayer.add_row`)."""
+    def add_row(self, other: GrowingCache, row: int = 0, length: int | None = None) -> None:
+        """Append row ``row`` of ``other`` (default: its single sequence) as a new batch row (see
+        :meth:`GrowingLayer.add_row`)."""
         while len(self.layers) < len(other.layers):
             self.layers.append(GrowingLayer())
         for mine, theirs in zip(self.layers, other.layers):
-            mine.add_row(theirs)
+            mine.add_row(theirs, row, length)
+
+    @classmethod
+    def for_prompts(cls, layers: int, rows: int) -> GrowingCache:
+        """An empty cache whose first forward scatters ``rows`` prompts into rows of their own (set_scatter)."""
+        cache = cls()
+        for _ in range(layers):
+            layer = GrowingLayer()
+            layer.new_rows = rows
+            cache.layers.append(layer)
+        return cache

@@ -119,17 +119,21 @@ class TargetModel:
         sliding = tree_attention_mask(attend, self.length, self.dtype, self.sliding_window, positions, tail_pos)
         return {"full_attention": full, "sliding_attention": sliding}
 
-    @torch.inference_mode()
-    def prefill(self, input_ids: torch.Tensor, logits_for: str = "last") -> ForwardOutput:
-        """Reset the cache and run the prompt. Logits only for the last position unless ``logits_for='all'``."""
-        ids = input_ids.reshape(1, -1).to(self.device)
-        n = ids.shape[1]
+    def check_prompt(self, n: int) -> None:
+        """The one-line error for a prompt of ``n`` tokens that cannot be prefilled."""
         if n == 0:
             raise DraftTreeError("empty prompt: nothing to condition on")
         if n >= self.max_positions:
             raise DraftTreeError(
                 f"prompt is {n} tokens but the model's context window is {self.max_positions} tokens"
             )
+
+    @torch.inference_mode()
+    def prefill(self, input_ids: torch.Tensor, logits_for: str = "last") -> ForwardOutput:
+        """Reset the cache and run the prompt. Logits only for the last position unless ``logits_for='all'``."""
+        ids = input_ids.reshape(1, -1).to(self.device)
+        n = ids.shape[1]
+        self.check_prompt(n)
         self.cache = self._new_cache()
         self.length, self._pending = 0, 0
         positions = torch.arange(n, device=self.device)

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from drafttree.accept import Sampling, accept, sample_token
+from drafttree.accept import Sampling, accept, greedy_tokens, sample_token
 from drafttree.batching.head_pass import HeadBatch, HeadRow
 from drafttree.batching.policy import AlwaysDraft, DraftOrPlain
 from drafttree.batching.target import BatchTarget
@@ -87,23 +87,35 @@ class BatchDecoder:
     @torch.inference_mode()
     def add(self, seq: Sequence) -> list[int]:
         """Prefill ``seq`` and append it as a row; returns its first token (it may already be finished)."""
+        return self.add_many([seq])[0]
+
+    @torch.inference_mode()
+    def add_many(self, seqs: list[Sequence]) -> list[list[int]]:
+        """Prefill several sequences together (one packed forward where the target allows it) and append them as
+        rows, in order; returns each one's first token (a row may already be finished)."""
+        if not seqs:
+            return []
         t0 = time.perf_counter()
-        pre = self.target.add(seq.prompt_ids)
-        seq.noise = Noise.from_generator(seq.generator, pre.logits.shape[-1])
-        root = sample_token(pre.logits[-1], seq.sampling, seq.noise, seq.prompt_ids.numel())
-        seq.drafter.begin(seq.prompt_ids, pre.features, root)
-        st = seq.stats
-        st.time_prefill = st.wall_time = time.perf_counter() - t0
-        st.target_forwards = 1
-        st.accept_lengths.append(1)
-        seq.context = seq.prompt_ids.reshape(-1).tolist()
-        seq.root = root
-        self.active.append(seq)
+        pres = self.target.add_many([s.prompt_ids for s in seqs])
+        spent = time.perf_counter() - t0
+        news = []
+        for seq, pre in zip(seqs, pres):
+            t1 = time.perf_counter()
+            seq.noise = Noise.from_generator(seq.generator, pre.logits.shape[-1])
+            root = sample_token(pre.logits[-1], seq.sampling, seq.noise, seq.prompt_ids.numel())
+            seq.drafter.begin(seq.prompt_ids, pre.features, root)
+            st = seq.stats
+            st.time_prefill = st.wall_time = spent + time.perf_counter() - t1  # every newcomer waits for the forward
+            st.target_forwards = 1
+            st.accept_lengths.append(1)
+            seq.context = seq.prompt_ids.reshape(-1).tolist()
+            seq.root = root
+            self.active.append(seq)
+            news.append(self._emit(seq, [root]))
         self._joined = True
-        new = self._emit(seq, [root])
-        if seq.finished:
+        if any(s.finished for s in seqs):
             self._drop_finished()
-        return new
+        return news
 
     def _drop_finished(self) -> list[tuple[Sequence, list[int]]]:
         """Remove finished and cancelled rows; returns the rows cancelled since the last round."""
@@ -172,8 +184,11 @@ class BatchDecoder:
         t0 = time.perf_counter()
         outs = tgt.forward_trees(trees)
         t_verify = time.perf_counter() - t0
-        accepted = [accept(t, o.logits, s.sampling, s.noise, len(s.context) - 1)  # the root's position
-                    for s, t, o in zip(rows, trees, outs)]
+        best = [None] * len(rows)
+        if any(s.sampling.greedy for s in rows):  # one argmax over every row's logits (they are one tensor)
+            best = greedy_tokens(tgt.last_logits).split([t.size for t in trees])
+        accepted = [accept(t, o.logits, s.sampling, s.noise, len(s.context) - 1, best=b)  # the root's position
+                    for s, t, o, b in zip(rows, trees, outs, best)]
         tgt.commit([path for path, _ in accepted])
         results = []
         for seq, tree, out, (path, nxt), t_draft in zip(rows, trees, outs, accepted, draft_times):
@@ -209,9 +224,8 @@ def decode_batch(target: BatchTarget, seqs: list[Sequence], cost: CostModel | No
     waiting = list(seqs)
     limit = max_rows or len(seqs)
     while waiting or dec.rows:
-        while waiting and dec.rows < limit:
-            seq = waiting.pop(0)
-            new = dec.add(seq)
+        joining, waiting = waiting[: max(0, limit - dec.rows)], waiting[max(0, limit - dec.rows):]
+        for seq, new in zip(joining, dec.add_many(joining)):
             if on_tokens is not None:
                 on_tokens(seq, new)
         for seq, new in dec.step():

@@ -8,15 +8,17 @@ writes row r's tree right after its own prefix, slots ``[lens[r], lens[r] + size
 prefix of its slots and runs of rows of similar length and tree size attend over their own prefix only
 (the attention kernel, one call per layer; elsewhere ``attention.row_runs``), not over the longest row's. Committing
 moves each row's accepted path to the end of its own prefix (nothing moves when it is a chain from the root),
-so rows of different lengths and accepted lengths share one cache without copies of the past. A newcomer is
-prefilled alone (its own forward) and joins as a new row between rounds.
+so rows of different lengths and accepted lengths share one cache without copies of the past. Newcomers are
+prefilled together in one forward of their packed prompts (each attends causally over itself only; the linear layers
+see all their tokens at once, where a short prompt alone runs far below the GEMM's peak) and join as new rows
+between rounds.
 """
 
 from __future__ import annotations
 
 import torch
 
-from drafttree.attention import PackedRows, RowRun, kernel_for, row_runs
+from drafttree.attention import PackedRows, PromptRows, RowRun, kernel_for, row_runs
 from drafttree.cache import GrowingCache, cache_arg
 from drafttree.errors import DraftTreeError
 from drafttree.target import ForwardOutput, TargetModel, run_with_features
@@ -34,6 +36,7 @@ class BatchTarget:
         self.lens: list[int] = []
         self.segment_overhead = 512  # what one more attention call costs, in slot-reads (see _runs)
         self.query_cost = 0.25  # one more query per row, relative to reading the row's keys (CPU, float32)
+        self.last_logits: torch.Tensor | None = None  # the last forward_trees' logits, every row's nodes in order
 
     # ---- what the decode loop reads -----------------------------------------------------------------
     @property
@@ -62,6 +65,61 @@ class BatchTarget:
         self.lens.append(self.single.length)
         self.single.cache, self.single.length = None, 0
         return out
+
+    MAX_PACKED_TOKENS = 4096  # a packed prefill's tokens at most (its activations; a longer batch is split)
+
+    def packs_prompts(self) -> bool:
+        """Whether prompts can be prefilled together here: SDPA attention (the prompt-rows hook runs inside it)
+        and no sliding-window layers (each prompt's window would need a mask of its own)."""
+        return not self.single.has_sliding and getattr(self.model.config, "_attn_implementation", None) == "sdpa"
+
+    @torch.inference_mode()
+    def add_many(self, prompts: list[torch.Tensor]) -> list[ForwardOutput]:
+        """Prefill several prompts and append them as rows, in order; returns each one's prefill output, as
+        :meth:`add` would. Packed in forwards of up to ``MAX_PACKED_TOKENS`` tokens where :meth:`packs_prompts`,
+        one at a time otherwise. A prompt that :meth:`add` would refuse raises its error before any row is added."""
+        ids = [p.reshape(-1).to(self.device) for p in prompts]
+        for x in ids:
+            self.single.check_prompt(x.numel())
+        if len(ids) < 2 or not self.packs_prompts():
+            return [self.add(x) for x in ids]
+        outs: list[ForwardOutput] = []
+        group: list[torch.Tensor] = []
+        for x in ids:
+            if group and sum(g.numel() for g in group) + x.numel() > self.MAX_PACKED_TOKENS:
+                outs += self._prefill_packed(group)
+                group = []
+            group.append(x)
+        return outs + self._prefill_packed(group)
+
+    def _prefill_packed(self, ids: list[torch.Tensor]) -> list[ForwardOutput]:
+        if len(ids) == 1:
+            return [self.add(ids[0])]
+        dev, lens = self.device, [x.numel() for x in ids]
+        starts = [0]
+        for n in lens:
+            starts.append(starts[-1] + n)
+        positions = torch.cat([torch.arange(n, device=dev) for n in lens])[None]
+        row = torch.repeat_interleave(torch.arange(len(ids), device=dev), torch.tensor(lens, device=dev))
+        cache = GrowingCache.for_prompts(len(self.model.base_model.layers), len(ids))
+        cache.set_scatter(row[None], positions, max(lens))
+        try:
+            with row_runs(None, None, PromptRows(starts)):
+                out, aux = run_with_features(self.model, self.feature_layers, input_ids=torch.cat(ids)[None],
+                                             attention_mask=None, position_ids=positions, use_cache=True,
+                                             **{cache_arg(self.model.base_model): cache})
+        finally:
+            cache.set_scatter(None)
+        hidden = out.last_hidden_state[0]
+        feats = hidden if aux is None else aux[0]
+        logits = self.single.logits(hidden[[b - 1 for b in starts[1:]]])
+        if self.cache is None:
+            self.cache = GrowingCache()
+        for r, n in enumerate(lens):
+            self.cache.add_row(cache, r, n)
+            self.lens.append(n)
+        return [ForwardOutput(logits=logits[r:r + 1], features=feats[a:b])
+                for r, (a, b) in enumerate(zip(starts, starts[1:]))]
 
     @torch.inference_mode()
     def keep(self, rows: list[int]) -> None:
@@ -172,8 +230,8 @@ class BatchTarget:
             self.cache.set_scatter(None)
         hidden = out.last_hidden_state[0]
         feats = hidden if aux is None else aux[0]
-        logits = self.single.logits(hidden).split(sizes)
-        return [ForwardOutput(logits=lg, features=f) for lg, f in zip(logits, feats.split(sizes))]
+        self.last_logits = logits = self.single.logits(hidden)
+        return [ForwardOutput(logits=lg, features=f) for lg, f in zip(logits.split(sizes), feats.split(sizes))]
 
     @torch.inference_mode()
     def commit(self, paths: list[list[int]]) -> None:

@@ -89,16 +89,52 @@ class Scheduler:
         self.thread.join(timeout=30)
 
     # ---- the model thread -----------------------------------------------------------------------------
-    def _start(self, job: Job) -> None:
+    def _prepare(self, job: Job, drafter=None) -> None:
+        """The job's sequence (drafter from the pool, seeded generator, text assembler), not yet in the batch."""
         sm = self.sm
-        drafter = self.pool[job.method].pop() if self.pool[job.method] else make_drafter(
-            job.method, sm.target, sm.draft, sm.head, **(sm.method_options if job.method == sm.method else {}))
+        if drafter is None:
+            drafter = self.pool[job.method].pop() if self.pool[job.method] else make_drafter(
+                job.method, sm.target, sm.draft, sm.head, **(sm.method_options if job.method == sm.method else {}))
         gen = torch.Generator(device=sm.target.device)
         gen.manual_seed(job.seed if job.seed is not None else random.randrange(2**63))
         job.seq = Sequence(job.ids.to(sm.target.device), drafter, job.sampling, job.max_new_tokens,
                            frozenset(sm.eos_ids), gen, tag=job)
         job.text = TextAssembler(sm.tokenizer, job.stops)
-        self._deliver(job, self.decoder.add(job.seq))
+
+    def _start_all(self, jobs: list[Job]) -> None:
+        """Prefill the newcomers together (one packed forward); if that fails, one at a time, so that only a bad
+        request gets its error."""
+        ready = []
+        for job in jobs:
+            if not job.cancelled and self._guard(job, self._prepare):
+                ready.append(job)
+        if len(ready) > 1:
+            try:
+                for job, new in zip(ready, self.decoder.add_many([j.seq for j in ready])):
+                    self._deliver(job, new)
+                return
+            except Exception:  # noqa: BLE001 - retried one by one below, where each error reaches its request
+                dec, mine = self.decoder, {id(j.seq) for j in ready}
+                keep = [i for i, s in enumerate(dec.active) if id(s) not in mine]
+                dec.active = [dec.active[i] for i in keep]
+                dec.target.keep(keep)
+                for job in ready:  # fresh sequences: the failed attempt may have emitted their first tokens
+                    self._prepare(job, job.seq.drafter)
+        for job in ready:
+            self._guard(job, lambda j: self._deliver(j, self.decoder.add(j.seq)))
+
+    def _guard(self, job: Job, work) -> bool:
+        """Run ``work(job)``; a bad request gets its error (400, or 500 for a bug), the server goes on."""
+        try:
+            work(job)
+            return True
+        except DraftTreeError as e:
+            job.push("error", 400, str(e))
+        except Exception as e:  # noqa: BLE001 - a bug in one request must not stop the server
+            traceback.print_exc(file=sys.stderr)
+            job.push("error", 500, f"internal server error: {type(e).__name__}: {e}")
+            self.decoder.target.keep(list(range(len(self.decoder.active))))
+        return False
 
     def _deliver(self, job: Job, new: list[int]) -> None:
         seq = job.seq
@@ -144,17 +180,7 @@ class Scheduler:
                 joining = []
                 while self.pending and self.decoder.rows + len(joining) < self.max_batch:
                     joining.append(self.pending.popleft())
-            for job in joining:
-                if job.cancelled:
-                    continue
-                try:
-                    self._start(job)
-                except DraftTreeError as e:
-                    job.push("error", 400, str(e))
-                except Exception as e:  # noqa: BLE001 - a bug in one request must not stop the server
-                    traceback.print_exc(file=sys.stderr)
-                    job.push("error", 500, f"internal server error: {type(e).__name__}: {e}")
-                    self.decoder.target.keep([i for i, s in enumerate(self.decoder.active)])
+            self._start_all(joining)
             if not self.decoder.rows:
                 continue
             try:
