@@ -284,3 +284,33 @@ def test_model_sources_take_the_exploration_option():
     assert parse_options(HybridOptions, "auto", {}).explore == EXPLORE == 0.0
     with pytest.raises(DraftTreeError):
         parse_options(HybridOptions, "auto", {"explore": "-1"})
+
+
+def test_a_batch_reads_no_token_past_the_compute_bound_size_as_cheaper_than_the_cheapest_measured():
+    """A measured curve that dips by noise past its compute-bound size (here 12 -> 16 tokens: 1 ms a token against
+    4-5 elsewhere) is floored in a batch at the cheapest measured cost per token; a lone sequence's curve and sizes
+    below the bound are as measured; vectorised and scalar agree; a row's BatchShare reads the floored curve."""
+    from drafttree.budget import BatchShare, CostModel
+
+    cpu = CostModel([1, 2, 4, 8, 12, 16, 24, 32], [0.020, 0.021, 0.024, 0.036, 0.052, 0.056, 0.092, 0.120])
+    k, c = cpu.compute_bound()
+    assert k == 8 and c == pytest.approx((0.120 - 0.036) / 24)  # from 8 tokens on, 3.5 ms a token on the mean
+    assert cpu.verify_in_batch(16) == pytest.approx(0.052 + 4 * c) and cpu.verify_in_batch(16) > cpu.verify(16)
+    for n in (1, 2, 3, 4, 8, 12):
+        assert cpu.verify_in_batch(n) == pytest.approx(cpu.verify(n))
+    for n in range(9, 40):  # never below the measured curve, and each token past K adds at least c
+        assert cpu.verify_in_batch(n) >= cpu.verify(n) - 1e-12
+        assert cpu.verify_in_batch(n + 1) - cpu.verify_in_batch(n) >= c - 1e-12
+    ns = torch.arange(1, 40)
+    assert torch.allclose(cpu.verify_many_in_batch(ns), torch.tensor([cpu.verify_in_batch(int(n)) for n in ns],
+                                                                     dtype=torch.float64))
+    share = BatchShare(cpu, others=11, rows=12, others_tokens=11.0)
+    assert share.verify(5) == cpu.verify_in_batch(16) and share.verify(5) > cpu.verify(16)
+    # a node that is certain but only pays against the dip: with the floor a 12-row batch's certain node still pays,
+    # one at 60% does not
+    g = 12.0
+    assert (g + 1.0) / share.verify(2) > g / share.verify(1) and (g + 0.6) / share.verify(2) < g / share.verify(1)
+    flat = CostModel([1, 8, 32, 96], [0.010, 0.010, 0.011, 0.020])  # a GPU: per token cheapest at the largest size
+    fixed = CostModel([1, 2, 16, 17, 18], [1.0, 1.05, 1.6, 1.65, 1.7])  # past 16 tokens 0.05 each, far below the mean
+    for curve in (flat, fixed):
+        assert curve.compute_bound() is None and all(curve.verify_in_batch(n) == curve.verify(n) for n in range(1, 97))
