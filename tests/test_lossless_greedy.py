@@ -304,7 +304,7 @@ def test_newcomers_prefilled_together_equal_each_prefilled_alone(shipped):
     ref = [alone.add(x) for x in ids]
     calls = []
     orig = packed._prefill_packed
-    packed._prefill_packed = lambda group: calls.append(len(group)) or orig(group)
+    packed._prefill_packed = lambda group, need: calls.append(len(group)) or orig(group, need)
     got = packed.add_many(ids)
     assert calls == [3, 2] and packed.lens == alone.lens == [x.numel() for x in ids]
     for r, (a, b) in enumerate(zip(ref, got)):

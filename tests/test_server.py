@@ -247,11 +247,11 @@ def test_newcomers_are_prefilled_together_and_one_by_one_after_a_failure(server,
         groups.append(len(jobs))
         return start_all(self, jobs)
 
-    def fail_once(self, ids):
+    def fail_once(self, ids, need):
         packed.append(len(ids))
         if len(packed) == 1:
             raise RuntimeError("packed prefill failed")
-        return prefill_packed(self, ids)
+        return prefill_packed(self, ids, need)
 
     monkeypatch.setattr(Scheduler, "_start_all", slow_first)
     monkeypatch.setattr(BatchTarget, "_prefill_packed", fail_once)

@@ -193,3 +193,23 @@ def test_bf16_verify_keeps_the_lm_heads_dtype_and_greedy_choices_equal_the_widen
         path, nxt = accept_greedy(guided, out.logits)
         assert len(path) >= 2 and (path, nxt) == accept_greedy(guided, out.logits.float())
         tm.discard_pending()
+
+
+@pytest.mark.parametrize("order", [[0, 4, 2], [0, 1, 2, 3, 4], [3, 4], [2, 0, 1], [4, 3, 2, 1, 0]])
+def test_a_batch_cache_keeps_rows_in_any_order_moving_in_place_only_where_no_row_moves_up(order):
+    """Rows kept in the given order equal a gather of them (the decoder fills a finished row's place with a row from
+    the end: [0, 4, 2]); where no row moves up the buffer is reused, not copied."""
+    from drafttree.cache import GrowingCache, GrowingLayer
+
+    g = torch.Generator().manual_seed(0)
+    cache = GrowingCache()
+    for r in range(5):
+        one = GrowingCache()
+        k, v = torch.randn(1, 2, 7 + r, 4, generator=g), torch.randn(1, 2, 7 + r, 4, generator=g)
+        one.update(k, v, 0)
+        cache.add_row(one)
+    layer: GrowingLayer = cache.layers[0]
+    before_k, before_v, buf = layer.keys.clone(), layer.values.clone(), layer._k
+    cache.select_rows(order)
+    assert torch.equal(layer.keys, before_k[order]) and torch.equal(layer.values, before_v[order])
+    assert (layer._k is buf) == all(r >= i for i, r in enumerate(order))

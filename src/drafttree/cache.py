@@ -111,11 +111,12 @@ class GrowingLayer(DynamicLayer):
         super().reset()
 
     def select_rows(self, rows: torch.Tensor | list[int]) -> None:
-        """Keep only these batch rows (batched generation drops finished sequences). Rows given as an ascending
-        host list move down in place (only rows after a removed one, only their used slots; no new buffer)."""
+        """Keep only these batch rows, in this order (batched generation drops finished sequences). A host list in
+        which no row moves up (``rows[i] >= i``: ascending, or a removed row's place taken by a row from the end) is
+        applied in place: only the rows that move, only their used slots, no new buffer."""
         if self._k is None:
             return
-        if isinstance(rows, list) and rows == sorted(set(rows)):
+        if isinstance(rows, list) and len(set(rows)) == len(rows) and all(r >= i for i, r in enumerate(rows)):
             for i, r in enumerate(rows):
                 if i != r:
                     self._k[i, ..., : self._len, :] = self._k[r, ..., : self._len, :]
@@ -126,18 +127,21 @@ class GrowingLayer(DynamicLayer):
             self._k, self._v, self._rows = self._k[live][rows], self._v[live][rows], None
         self._set_views()
 
-    def add_row(self, other: GrowingLayer, row: int = 0, length: int | None = None) -> None:
+    def add_row(self, other: GrowingLayer, row: int = 0, length: int | None = None, rows_for: int = 0,
+                slots_for: int = 0) -> None:
         """Append ``other``'s row ``row`` (its first ``length`` slots; default: its single sequence) as a new batch
         row. The buffer keeps room for more rows (doubling), so a stream of newcomers reallocates it only now and
         then; slots past a row's length are masked out by the caller (they hold zeros or an earlier row's states:
-        finite either way)."""
+        finite either way). A buffer made here has room for at least ``rows_for`` rows of ``slots_for`` slots
+        (what the caller knows it will need: rows joining together, their generations), so that decoding does not
+        grow it, a copy of every row's states that took ~10% of a burst of 64 users' rounds."""
         n = other._len if length is None else length
         k, v = other._k[row:row + 1, ..., :n, :], other._v[row:row + 1, ..., :n, :]
         rows = 0 if self._k is None else (self._k.shape[0] if self._rows is None else self._rows)
         length = max(self._len, n)
-        if self._k is None or rows + 1 > self._k.shape[0] or length > self._k.shape[-2]:
-            cap_rows = max(rows + 1, 2 * rows)
-            cap = max(self._k.shape[-2] if self._k is not None else 0, length + 64)
+        if self._k is None or rows + 1 > self._k.shape[0] or max(length, slots_for) > self._k.shape[-2]:
+            cap_rows = max(rows + 1, 2 * rows, rows_for)
+            cap = max(self._k.shape[-2] if self._k is not None else 0, length + 64, slots_for)
             nk = k.new_zeros(cap_rows, *k.shape[1:-2], cap, k.shape[-1])
             nv = v.new_zeros(cap_rows, *v.shape[1:-2], cap, v.shape[-1])
             if rows:
@@ -174,13 +178,14 @@ class GrowingCache(DynamicCache):
             layer.scatter = None if index is None else (index, slots)
             layer.row_end = end
 
-    def add_row(self, other: GrowingCache, row: int = 0, length: int | None = None) -> None:
+    def add_row(self, other: GrowingCache, row: int = 0, length: int | None = None, rows_for: int = 0,
+                slots_for: int = 0) -> None:
         """Append row ``row`` of ``other`` (default: its single sequence) as a new batch row (see
         :meth:`GrowingLayer.add_row`)."""
         while len(self.layers) < len(other.layers):
             self.layers.append(GrowingLayer())
         for mine, theirs in zip(self.layers, other.layers):
-            mine.add_row(theirs, row, length)
+            mine.add_row(theirs, row, length, rows_for, slots_for)
 
     @classmethod
     def for_prompts(cls, layers: int, rows: int) -> GrowingCache:

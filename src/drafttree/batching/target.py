@@ -55,13 +55,24 @@ class BatchTarget:
         return self.cache.layers[0].get_seq_length() if self.cache is not None and self.cache.layers else 0
 
     # ---- rows ---------------------------------------------------------------------------------------
+    ROOM_AT_MOST = 1024  # slots reserved per row for its generation at most (a longer one grows the cache later)
+    TREE_ROOM = 128  # ... plus a round's tree
+
+    def _room(self, lens: list[int], room: list[int] | None) -> tuple[int, int]:
+        """(rows, slots) the shared cache should hold once these prompts join, with ``room`` new tokens each."""
+        room = room or [0] * len(lens)
+        slots = max(n + min(r, self.ROOM_AT_MOST) + self.TREE_ROOM for n, r in zip(lens, room))
+        return self.rows + len(lens), min(slots, self.max_positions + self.TREE_ROOM)
+
     @torch.inference_mode()
-    def add(self, prompt_ids: torch.Tensor) -> ForwardOutput:
-        """Prefill one prompt alone and append it as the last row; returns its prefill output."""
+    def add(self, prompt_ids: torch.Tensor, room: int = 0, _for: tuple[int, int] | None = None) -> ForwardOutput:
+        """Prefill one prompt alone and append it as the last row; returns its prefill output. ``room``: the new
+        tokens it may generate (the cache is sized for them now rather than grown while the batch decodes)."""
         out = self.single.prefill(prompt_ids)
+        rows_for, slots_for = _for or self._room([self.single.length], [room])
         if self.cache is None:
             self.cache = GrowingCache()
-        self.cache.add_row(self.single.cache)
+        self.cache.add_row(self.single.cache, rows_for=rows_for, slots_for=slots_for)
         self.lens.append(self.single.length)
         self.single.cache, self.single.length = None, 0
         return out
@@ -74,27 +85,29 @@ class BatchTarget:
         return not self.single.has_sliding and getattr(self.model.config, "_attn_implementation", None) == "sdpa"
 
     @torch.inference_mode()
-    def add_many(self, prompts: list[torch.Tensor]) -> list[ForwardOutput]:
+    def add_many(self, prompts: list[torch.Tensor], room: list[int] | None = None) -> list[ForwardOutput]:
         """Prefill several prompts and append them as rows, in order; returns each one's prefill output, as
-        :meth:`add` would. Packed in forwards of up to ``MAX_PACKED_TOKENS`` tokens where :meth:`packs_prompts`,
-        one at a time otherwise. A prompt that :meth:`add` would refuse raises its error before any row is added."""
+        :meth:`add` would (``room``: each one's new tokens at most). Packed in forwards of up to
+        ``MAX_PACKED_TOKENS`` tokens where :meth:`packs_prompts`, one at a time otherwise. A prompt that :meth:`add`
+        would refuse raises its error before any row is added."""
         ids = [p.reshape(-1).to(self.device) for p in prompts]
         for x in ids:
             self.single.check_prompt(x.numel())
+        need = self._room([x.numel() for x in ids], room)  # one cache size for all of them
         if len(ids) < 2 or not self.packs_prompts():
-            return [self.add(x) for x in ids]
+            return [self.add(x, _for=need) for x in ids]
         outs: list[ForwardOutput] = []
         group: list[torch.Tensor] = []
         for x in ids:
             if group and sum(g.numel() for g in group) + x.numel() > self.MAX_PACKED_TOKENS:
-                outs += self._prefill_packed(group)
+                outs += self._prefill_packed(group, need)
                 group = []
             group.append(x)
-        return outs + self._prefill_packed(group)
+        return outs + self._prefill_packed(group, need)
 
-    def _prefill_packed(self, ids: list[torch.Tensor]) -> list[ForwardOutput]:
+    def _prefill_packed(self, ids: list[torch.Tensor], need: tuple[int, int]) -> list[ForwardOutput]:
         if len(ids) == 1:
-            return [self.add(ids[0])]
+            return [self.add(ids[0], _for=need)]
         dev, lens = self.device, [x.numel() for x in ids]
         starts = [0]
         for n in lens:
@@ -116,7 +129,7 @@ class BatchTarget:
         if self.cache is None:
             self.cache = GrowingCache()
         for r, n in enumerate(lens):
-            self.cache.add_row(cache, r, n)
+            self.cache.add_row(cache, r, n, *need)
             self.lens.append(n)
         return [ForwardOutput(logits=logits[r:r + 1], features=feats[a:b])
                 for r, (a, b) in enumerate(zip(starts, starts[1:]))]
