@@ -213,3 +213,25 @@ def test_a_batch_cache_keeps_rows_in_any_order_moving_in_place_only_where_no_row
     cache.select_rows(order)
     assert torch.equal(layer.keys, before_k[order]) and torch.equal(layer.values, before_v[order])
     assert (layer._k is buf) == all(r >= i for i, r in enumerate(order))
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("feature_layers", [None, [0, 1]])
+def test_prompts_prefilled_together_equal_each_alone_on_every_architecture(arch, feature_layers):
+    """Packed prefills (or, with a sliding window, one at a time) give each prompt its own prefill's logits, features
+    (the EAGLE-3 layers' inputs too) and cache row; the rows then verify trees exactly as rows added one by one."""
+    from drafttree.batching import BatchTarget
+
+    model = tiny_causal_lm(arch, vocab=50, seed=3)
+    g = torch.Generator().manual_seed(4)
+    prompts = [torch.randint(2, 50, (n,), generator=g) for n in (5, 17, 9, 30)]
+    alone, packed = BatchTarget(model, feature_layers), BatchTarget(model, feature_layers)
+    assert packed.packs_prompts() == (arch != "gemma3")  # sliding-window layers: one prompt at a time
+    ref = [alone.add(p) for p in prompts]
+    got = packed.add_many(prompts, room=[8] * len(prompts))
+    assert packed.lens == alone.lens == [p.numel() for p in prompts]
+    for a, b in zip(ref, got):
+        assert torch.allclose(a.logits, b.logits, atol=1e-5) and torch.allclose(a.features, b.features, atol=1e-5)
+    trees = [_random_tree(4, 50, seed=s) for s in range(len(prompts))]
+    for a, b in zip(alone.forward_trees(trees), packed.forward_trees(trees)):
+        assert torch.allclose(a.logits, b.logits, atol=1e-5)
