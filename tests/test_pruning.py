@@ -288,8 +288,9 @@ def test_model_sources_take_the_exploration_option():
 
 def test_a_batch_reads_no_token_past_the_compute_bound_size_as_cheaper_than_the_cheapest_measured():
     """A measured curve that dips by noise past its compute-bound size (here 12 -> 16 tokens: 1 ms a token against
-    4-5 elsewhere) is floored in a batch at the cheapest measured cost per token; a lone sequence's curve and sizes
-    below the bound are as measured; vectorised and scalar agree; a row's BatchShare reads the floored curve."""
+    4-5 elsewhere) is floored in a batch: each token past it costs at least the curve's mean added cost per token from
+    there; a lone sequence's curve (unless the option asks) and sizes below the bound are as measured; vectorised and
+    scalar agree; a row's BatchShare reads the floored curve."""
     from drafttree.budget import BatchShare, CostModel
 
     cpu = CostModel([1, 2, 4, 8, 12, 16, 24, 32], [0.020, 0.021, 0.024, 0.036, 0.052, 0.056, 0.092, 0.120])
@@ -310,6 +311,13 @@ def test_a_batch_reads_no_token_past_the_compute_bound_size_as_cheaper_than_the_
     # one at 60% does not
     g = 12.0
     assert (g + 1.0) / share.verify(2) > g / share.verify(1) and (g + 0.6) / share.verify(2) < g / share.verify(1)
+    from drafttree.drafters.options import HybridOptions, parse_options
+
+    assert parse_options(HybridOptions, "auto", {"floored_curve": "true"}).floored_curve
+    assert not parse_options(HybridOptions, "auto", {}).floored_curve
+    lone = cpu.floored()  # the option `floored_curve` gives a lone sequence the same floor at the measured sizes
+    assert lone.sizes == cpu.sizes and lone.seconds == [cpu.verify_in_batch(n) for n in cpu.sizes]
+    assert lone.verify(16) > cpu.verify(16) and lone.verify(4) == cpu.verify(4)
     flat = CostModel([1, 8, 32, 96], [0.010, 0.010, 0.011, 0.020])  # a GPU: per token cheapest at the largest size
     fixed = CostModel([1, 2, 16, 17, 18], [1.0, 1.05, 1.6, 1.65, 1.7])  # past 16 tokens 0.05 each, far below the mean
     for curve in (flat, fixed):

@@ -120,6 +120,10 @@ class CostModel:
             self.__dict__["_batch"] = table
         return table[2]
 
+    def floored(self) -> CostModel:
+        """This curve with :meth:`verify_in_batch`'s floor at its measured sizes (for a lone sequence, an option)."""
+        return CostModel(list(self.sizes), [self.verify_in_batch(n) for n in self.sizes], self.context, self.per_key)
+
     def relative(self) -> dict[int, float]:
         return {n: round(s / self.seconds[0], 3) for n, s in zip(self.sizes, self.seconds)}
 

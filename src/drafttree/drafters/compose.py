@@ -24,6 +24,8 @@ def make_hybrid(target, draft=None, head=None, o: HybridOptions | None = None) -
         raise DraftTreeError(f"unknown source(s) {', '.join(bad)}; choose from {'+'.join(SOURCE_NAMES)}")
     check_prune_rule(o.prune_against)
     budget = make_budget(target, max_total=o.max_total, min_total=1) if o.total_tokens == AUTO else None
+    if budget is not None and o.floored_curve:
+        budget.cost = budget.cost.floored()
     curve = None if budget is None else (lambda n, c=budget.cost: c.verify(n) / c.verify(1))
     model_kw = dict(top_k=o.top_k, depth=o.depth, max_total=o.max_total, cost_curve=curve,
                     prune_against=o.prune_against, explore=o.explore)
