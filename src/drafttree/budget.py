@@ -113,7 +113,7 @@ class CostModel:
         if table is None or table[0] != (self.sizes, self.seconds) or len(table[1]) <= n:
             k, c = self.compute_bound() or (math.inf, 0.0)
             g = [0.0]
-            for m in range(1, max(n, 2 * self.sizes[-1]) + 1):
+            for m in range(1, max(2 * n, 2 * self.sizes[-1]) + 1):  # grown by doubling: rebuilt rarely
                 y = self.verify(m)
                 g.append(max(y, g[-1] + c) if m > k else y)
             table = ((list(self.sizes), list(self.seconds)), g, torch.tensor(g, dtype=torch.float64))
