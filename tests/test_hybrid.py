@@ -86,6 +86,52 @@ def test_merge_shares_prefixes_keeps_best_score_and_stays_connected():
         assert all(m.parents[i] in keep for i in keep[1:]), "the kept nodes must form a tree"
 
 
+def test_agreed_nodes_are_rated_by_what_agreement_was_worth():
+    """With no evidence an agreed node reads as its best single estimate; once agreement has been seen to be
+    accepted it reads higher, and its subtree with it; nodes one source alone proposed keep their estimate."""
+    from drafttree.drafters.merged import Agreement
+
+    a = Proposal(0, _cands([5, 6], [-1, 0], [-0.7, -0.2]), torch.tensor([0, 1]))
+    b = Proposal(1, _cands([5, 9], [-1, -1], [-0.9, -0.3]), torch.tensor([3, 4]))
+    agreement = Agreement(sources=2)
+    m = MergedTree(root=1)
+    m.add(a, limit=10)
+    m.add(b, limit=10)
+    m.rescore(agreement)
+    assert m.scores[1] == pytest.approx(-0.7, abs=1e-6) and m.scores[2] == pytest.approx(-0.9, abs=1e-6)
+    cell = m.agreed[1]
+    assert cell >= 0 and m.agreed[2] == -1 and m.agreed[3] == -1  # only token 5 was proposed by both
+    for _ in range(20):
+        agreement.update(cell, True)
+    m.rescore(agreement)
+    assert m.scores[1] > -0.1, "agreement that was always accepted must read near 1"
+    assert m.scores[2] == pytest.approx(m.scores[1] - 0.2, abs=1e-6), "the subtree follows its parent"
+    assert m.scores[3] == pytest.approx(-0.3, abs=1e-6)
+    for _ in range(200):
+        agreement.update(cell, False)
+    m.rescore(agreement)
+    assert m.scores[1] < -2.0, "agreement that was never accepted must read low"
+
+
+@pytest.mark.parametrize("agree", [True, False])
+def test_sources_learn_from_the_nodes_they_alone_proposed(agree):
+    """A node two sources proposed teaches the agreement table, not the sources' own cells (agree=False: the old
+    rule, every source learns from every node it proposed)."""
+    from drafttree.drafters.base import DraftRequest
+
+    first, second = ConstantSource([3, 4], prior=0.5), ConstantSource([3, 8], prior=0.5)
+    hd = HybridDrafter([first, second], total_tokens=8, gate=False, agree=agree)
+    hd.begin(torch.tensor([1, 2]), torch.zeros(2, 4), 2)
+    hd.propose(DraftRequest([1, 2], 2, 8, Sampling(), None))
+    hd.observe([2, 3, 4], torch.zeros(3, 4), 7)  # 3 (both) and then 4 (the first alone) accepted
+    t1, t2 = float(hd.calibrations["greedy"][0].trials[0]), float(hd.calibrations["greedy"][1].trials[0])
+    if agree:
+        assert (t1, t2) == (1.0, 1.0), "each source: its own second node only"
+        assert sum(hd.agreement.trials) == 1.0 and sum(hd.agreement.hits) == 1.0
+    else:
+        assert (t1, t2) == (2.0, 2.0) and sum(hd.agreement.trials) == 0.0
+
+
 def test_calibration_learns_and_gate_closes_for_a_useless_source():
     cal = Calibration(torch.full((3,), 0.5))
     cal.update([0] * 40, [True] * 40)

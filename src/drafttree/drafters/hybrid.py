@@ -1,19 +1,19 @@
 """One tree fed by every drafter: candidate sources merged as a trie, ranked by calibrated acceptance.
 
-Each round the sources propose in order, cheapest first (context n-grams, then the EAGLE head and/or a
-draft LM). Their candidates are merged into one trie (a node proposed by several sources keeps its best
-estimate), every node is ranked by its estimated probability of being accepted (product of calibrated
-conditional rates along its path), and the best N are verified, N chosen on this machine's verify-cost
-curve to maximise expected tokens per unit of time; N = 1 (the root alone, plain decoding) when no tree is
-expected to pay for its verification. After verification every verified node whose parent was accepted
-updates its source's calibration cell, and a :class:`Gate` stops running a costly source while its own
-accepted tokens (those no other source proposed) do not pay for its drafting; when sampling, one more gate stops
-drafting at all (plain decoding rounds, with probes) while a round's accepted drafts do not pay for its drafting and
-the tree's extra verification, both in target steps (free text, where n-gram guesses are seldom drawn). Tree sizes
-come from the cached cost curve and counters (steadier than timings on a loaded machine); the drafting gate also
-reads the clock, which may only say drafting costs more than modelled. The output never depends on any of it
-(noise.py). In batched rounds even the free sources' drafting time delays
-every row, and a :class:`Gate` on the row's measured drafting time stops rows whose drafts do not pay for it.
+Each round the sources propose in order, cheapest first (context n-grams, then the EAGLE head and/or a draft LM).
+Their candidates are merged into one trie (a node proposed by several sources is rated by what such agreement was
+worth, drafters/merged.py), every node is ranked by its estimated probability of being accepted (product of
+calibrated conditional rates along its path), and the best N are verified, N chosen on this machine's verify-cost
+curve to maximise expected tokens per unit of time; N = 1 (the root alone, plain decoding) when no tree is expected
+to pay for its verification. After verification every verified node whose parent was accepted updates its source's
+calibration cell (or its agreement cell), and a :class:`Gate` stops running a costly source while its own accepted
+tokens (those no other source proposed) do not pay for its drafting; when sampling, one more gate stops drafting at
+all (plain decoding rounds, with probes) while a round's accepted drafts do not pay for its drafting and the tree's
+extra verification, both in target steps (free text, where n-gram guesses are seldom drawn). Tree sizes come from
+the cached cost curve and counters (steadier than timings on a loaded machine); the drafting gate also reads the
+clock, which may only say drafting costs more than modelled. The output never depends on any of it (noise.py). In
+batched rounds even the free sources' drafting time delays every row, and a :class:`Gate` on the row's measured
+drafting time stops rows whose drafts do not pay for it.
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ import torch
 
 from drafttree.budget import least_slope
 from drafttree.drafters.base import Drafter, DraftRequest
+from drafttree.drafters.merged import Agreement, MergedTree
 from drafttree.sources.base import CandidateSource, Proposal, RoundContext
 from drafttree.tree import DraftTree
 
@@ -94,53 +95,13 @@ def situation(earlier: list[Proposal]) -> int:
     return 0 if not earlier else (1 if e < 1.0 else 2)
 
 
-class MergedTree:
-    """The trie of all proposals: tokens, parents, best score and the (source, cell) pairs behind each node."""
-
-    def __init__(self, root: int):
-        self.tokens, self.parents, self.scores = [root], [-1], [0.0]
-        self.owners: list[list[tuple[int, int]]] = [[]]
-        self.child: dict[tuple[int, int], int] = {}
-
-    def add(self, prop: Proposal, limit: int) -> None:
-        """Insert the proposal's ``limit`` best candidates (no node outside them can make a top-``limit``)."""
-        c = prop.cands
-        m = int(c.tokens.numel())
-        if m == 0:
-            return
-        keep = torch.sort(torch.sort(c.score, descending=True, stable=True).indices[:limit]).values.tolist()
-        toks, pars, scores = c.tokens.tolist(), c.parents.tolist(), c.score.tolist()
-        cells = prop.cells.tolist()
-        where: dict[int, int] = {}
-        for i in keep:
-            parent = 0 if pars[i] < 0 else where[pars[i]]
-            key = (parent, toks[i])
-            node = self.child.get(key)
-            if node is None:
-                node = self.child[key] = len(self.tokens)
-                self.tokens.append(toks[i])
-                self.parents.append(parent)
-                self.scores.append(scores[i])
-                self.owners.append([])
-            else:
-                self.scores[node] = max(self.scores[node], scores[i])
-            if cells[i] >= 0:  # cell -1: a node repeated from another source's proposal, not this source's guess
-                self.owners[node].append((prop.source, cells[i]))
-            where[i] = node
-
-    def best(self, n: int) -> list[int]:
-        """Indices of the root and the ``n - 1`` best nodes, in creation (topological) order."""
-        order = sorted(range(1, len(self.tokens)), key=lambda i: (-self.scores[i], i))[: max(0, n - 1)]
-        return [0] + sorted(order)
-
-
 class HybridDrafter(Drafter):
     """Sources -> one ranked tree. ``sources`` are tried in order (cheapest first); ``budget`` a TreeBudget
     (its cost curve sizes the tree); ``total_tokens`` fixes the tree size instead (tests, sweeps)."""
 
     def __init__(self, sources: list[CandidateSource], budget=None, total_tokens: int | None = None,
                  gate: bool = True, name: str = "hybrid", costly_in_batches: bool = False,
-                 batch_pass: bool = False):
+                 batch_pass: bool = False, agree: bool = True):
         if budget is None and total_tokens is None:
             raise ValueError("HybridDrafter needs a TreeBudget or a fixed total_tokens")
         self.sources = list(sources)
@@ -154,6 +115,12 @@ class HybridDrafter(Drafter):
         # probability of it), so each mode has its own calibration per source, with its own fitted prior
         self.calibrations = {"greedy": [s.calibration for s in self.sources],
                              "sampled": [s.calibration.fresh() for s in self.sources]}
+        # nodes several sources proposed are rated by what such agreement was worth (drafters/merged.py), and each
+        # source's own cells learn from the nodes it alone proposed; ``agree=False``: the best single estimate, and
+        # every source learns from every node it proposed (the rule until stop 51)
+        self.agree = agree
+        self.agreements = {mode: Agreement(len(self.sources)) for mode in ("greedy", "sampled")}
+        self.agreement = self.agreements["greedy"]
         self.name = name
         # a costly source drafts one row at a time: in a batch of B rows, B such calls weigh against one shared
         # forward and cannot pay (docs/benchmark-notes.md: a steady load of 4 users gained on plain decoding with
@@ -200,6 +167,8 @@ class HybridDrafter(Drafter):
         for s, cal in zip(self.sources, self.calibrations[mode]):
             s.calibration = cal
             cal.decay(0.5)
+        self.agreement = self.agreements[mode]
+        self.agreement.decay(0.5)
         self._fresh = False
 
     def _size(self, merged: MergedTree, spent: float, cost=None, context: int = 0) -> int:
@@ -301,6 +270,8 @@ class HybridDrafter(Drafter):
             self._round = (merged, [0], ran) if ran else None
             req.info.update(tree_tokens=1, depth=0, sources=[])
             return DraftTree.root_only(req.root)
+        if self.agree:
+            merged.rescore(self.agreement)
         keep = merged.best(self._size(merged, spent, req.cost, len(req.context)))
         tokens = torch.tensor([merged.tokens[i] for i in keep], dtype=torch.long)
         pos = {node: j for j, node in enumerate(keep)}
@@ -337,20 +308,25 @@ class HybridDrafter(Drafter):
         for tok in committed[1:]:
             path.append(merged.child[(path[-1], tok)])
         on_path = set(path)
-        updates: dict[int, tuple[list[int], list[bool], list[int]]] = {}
+        updates: dict[int, tuple[list[int], list[bool], list[int], list[bool]]] = {}
         for node in keep[1:]:
             if merged.parents[node] in on_path:  # this node was put to the test
                 hit = node in on_path
+                agreed = merged.agreed[node]
+                if agreed >= 0:
+                    self.agreement.update(agreed, hit)
                 for src, c in merged.owners[node]:
-                    cells, outs, parents = updates.setdefault(src, ([], [], []))
+                    cells, outs, parents, own = updates.setdefault(src, ([], [], [], []))
                     cells.append(c)
                     outs.append(hit)
                     parents.append(merged.parents[node])
-        for src, (cells, outs, parents) in updates.items():
+                    own.append(agreed < 0)
+        for src, (cells, outs, parents, own) in updates.items():
             source = self.sources[src]
-            source.calibration.update(cells, outs)
+            # a source's cells: the nodes it alone proposed (agreed ones have their own table, when rescored)
+            source.calibration.update([c for c, o in zip(cells, own) if o], [h for h, o in zip(outs, own) if o])
             levels = getattr(source, "cell_levels", None)
-            if levels is not None:
+            if levels is not None:  # whether a level pays: every node of the source's, agreed or not
                 source.calibration.update_levels(levels(cells), parents, outs)
         owners_on_path = [{s for s, _ in merged.owners[n]} for n in path[1:] if n in kept]
         for owners in owners_on_path:

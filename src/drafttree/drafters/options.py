@@ -133,6 +133,8 @@ class HybridOptions:
     prune_against: str = _opt("best", "str", None, PRUNE_DOC)
     # the default is sources.model_sources.EXPLORE (a test checks they agree; importing it here would pull in torch)
     explore: float = _opt(0.0, "float", 0.0, "model sources: standard errors added to a level's learnt rate")
+    agree: bool = _opt(True, "bool", None, "nodes several sources proposed are rated by what their agreement was "
+                       "worth (learnt online); false: the best single source's estimate")
     floored_curve: bool = _opt(False, "bool", None, "alone too, no token past the verify curve's compute-bound size "
                                "cheaper than its mean (as in a batch)")
 
