@@ -75,6 +75,16 @@ def test_chain_is_a_tree():
     assert torch.equal(t2.ancestors, t.ancestors)
 
 
+def test_root_only_trees_share_structure_but_not_their_root():
+    a, b = DraftTree.root_only(3), DraftTree.root_only(9)
+    check_invariants(a)
+    assert a.tokens.tolist() == [3] and b.tokens.tolist() == [9], "each tree keeps its own root token"
+    ref = DraftTree.chain(3, [])
+    for x, y in ((a.parents, ref.parents), (a.ancestors, ref.ancestors), (a.depths, ref.depths)):
+        assert torch.equal(x, y) and x.dtype == y.dtype
+    assert a.size == 1 and a.max_depth == 0
+
+
 @pytest.mark.parametrize("depth,top_k,total", [(1, 4, 5), (3, 3, 8), (5, 4, 20), (6, 8, 40), (4, 10, 200)])
 @pytest.mark.parametrize("reduced", [False, True])
 def test_dynamic_tree_invariants(depth, top_k, total, reduced):
