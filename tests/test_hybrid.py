@@ -553,3 +553,52 @@ def test_the_draft_gate_is_an_option_of_the_composition():
     gates = [make_drafter("hybrid", tl, draft, None, total_tokens=4, **kw).draft_gate.enabled
              for kw in ({}, {"draft_gate": True}, {"draft_gate": True, "gate": False})]
     assert gates == [False, True, False]  # off unless asked for (options.py), and only with the costly sources' gate
+
+
+def test_a_costly_source_slower_than_modelled_is_charged_what_the_clock_says():
+    """A costly source modelled at 0.1 forwards a level that takes 8x that here (a small head's forward is bound by
+    per-call overhead, not by the bytes it reads): its ``clock`` learns the ratio and its gate closes where its half an
+    accepted token a round pays for the modelled cost but not the real one; ``clock_cost=False`` keeps it open."""
+    import time as time_module
+
+    from drafttree.budget import CostModel, TreeBudget
+    from drafttree.drafters.base import DraftRequest
+
+    curve = CostModel([1, 2, 4, 8], [0.002, 0.0021, 0.0022, 0.0024])  # one-token forward 2 ms
+
+    class SlowModelSource(ConstantSource):
+        name = "slow"
+
+        def __init__(self, chain):
+            super().__init__(chain, prior=0.6)
+            self.modelled_cost, self.clock = 0.1, 1.0
+
+        @property
+        def cost(self):
+            return self.modelled_cost * self.clock
+
+        @cost.setter
+        def cost(self, value):
+            self.modelled_cost = value
+
+        def propose(self, rc, index):
+            time_module.sleep(0.0016)  # 1.6 ms = 0.8 forwards, 8x the modelled 0.1
+            prop = super().propose(rc, index)
+            prop.spent = self.cost
+            return prop
+
+    def run(clock_cost: bool) -> tuple[float, int]:
+        src = SlowModelSource([3, 4])
+        hd = HybridDrafter([src], budget=TreeBudget(curve, max_total=8, min_total=1), clock_cost=clock_cost)
+        hd.begin(torch.tensor([1, 2]), torch.zeros(2, 4), 2)
+        late = 0
+        for r in range(60):
+            tree = hd.propose(DraftRequest([1, 2, 2], 2, 8, Sampling(), None))
+            late += r >= 40 and tree.size > 1
+            hd.observe([2, 3] if r % 2 else [2], torch.zeros(2, 4), 7)  # half an accepted draft a round
+        return src.clock, late
+
+    clock_on, drafted_on = run(True)
+    clock_off, drafted_off = run(False)
+    assert clock_on > 4 and clock_off == 1.0
+    assert drafted_off >= 15 and drafted_on <= 5, (drafted_on, drafted_off)

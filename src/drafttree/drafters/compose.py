@@ -45,7 +45,8 @@ def make_hybrid(target, draft=None, head=None, o: HybridOptions | None = None) -
         raise DraftTreeError(f"no source of {'+'.join(wanted)} is loaded")
     total = None if budget is not None else o.total_tokens
     drafter = HybridDrafter(sources, budget=budget, total_tokens=total, gate=o.gate,
-                            costly_in_batches=o.costly_in_batches, batch_pass=o.batch_pass, agree=o.agree)
+                            costly_in_batches=o.costly_in_batches, batch_pass=o.batch_pass, agree=o.agree,
+                            clock_cost=o.clock_cost)
     drafter.draft_gate.enabled = o.gate and o.draft_gate
     if head is not None:
         from drafttree.sources.priors import apply_priors, load_priors

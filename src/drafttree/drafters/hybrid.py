@@ -32,6 +32,7 @@ from drafttree.tree import DraftTree
 # learning): seconds, modelled, not timed, so gates do not sway with the machine's load. ~1 ms measured on a 2-core
 # CPU (a T=1 profile of the default: ~1.1 ms a round for n-grams + corpus + merge + learning).
 ROUND_SECONDS = 1.0e-3
+CLOCK_DECAY = 0.9  # per costly-source round, for the measured ratio of its drafting time to its modelled cost
 
 
 class Gate:
@@ -101,7 +102,7 @@ class HybridDrafter(Drafter):
 
     def __init__(self, sources: list[CandidateSource], budget=None, total_tokens: int | None = None,
                  gate: bool = True, name: str = "hybrid", costly_in_batches: bool = False,
-                 batch_pass: bool = False, agree: bool = True):
+                 batch_pass: bool = False, agree: bool = True, clock_cost: bool = True):
         if budget is None and total_tokens is None:
             raise ValueError("HybridDrafter needs a TreeBudget or a fixed total_tokens")
         self.sources = list(sources)
@@ -119,6 +120,10 @@ class HybridDrafter(Drafter):
         # source's own cells learn from the nodes it alone proposed; ``agree=False``: the best single estimate, and
         # every source learns from every node it proposed (the rule until stop 51)
         self.agree = agree
+        # costly sources' level costs corrected by the clock where drafting takes longer than modelled (``_clock``);
+        # kept across generations, like the calibrations. ``clock_cost=False``: modelled costs only (until stop 52)
+        self.clock_cost = clock_cost
+        self._clocks: dict[int, float] = {}
         self.agreements = {mode: Agreement(len(self.sources)) for mode in ("greedy", "sampled")}
         self.agreement = self.agreements["greedy"]
         self.name = name
@@ -249,10 +254,12 @@ class HybridDrafter(Drafter):
             sit = situation(rc.earlier)
             if src.cost > 0 and not prepared and not gate.allow(sit):
                 continue
+            t_src = time.perf_counter()
             prop = src.propose(rc, i)
             if src.cost > 0 and not prepared:
                 if prop is not None and prop.spent is not None:
                     cost = prop.spent
+                    self._clock(src, time.perf_counter() - t_src, cost, req.cost, len(req.context))
                 else:
                     cost = (1 + (prop.cands.levels if prop is not None else 0)) * src.cost
                 spent += cost
@@ -282,6 +289,22 @@ class HybridDrafter(Drafter):
         owners = sorted({self.sources[src].name for i in keep[1:] for src, _ in merged.owners[i]})
         req.info.update(tree_tokens=tree.size, depth=tree.max_depth, sources=owners)
         return tree
+
+    def _clock(self, src, seconds: float, spent: float, batch_cost, context: int) -> None:
+        """How much longer than modelled the costly source's drafting took (``src.clock``, >= 1): measured seconds over
+        its modelled forwards x this machine's one-token forward (the cached curve), a decayed mean of per-round ratios
+        (each capped at 8: one stall must not close a gate for long). Only alone (a batch's forward is not one
+        token's), only where the source sizes by the curve (``spent``), and only with ``clock_cost``."""
+        if not self.clock_cost or batch_cost is not None or self.base_cost is None or not hasattr(src, "clock"):
+            return
+        modelled = spent / max(1e-9, src.clock)
+        if modelled <= 0:
+            return
+        ratio = min(8.0, seconds / (modelled * self.base_cost.at(context).verify(1)))
+        mean = self._clocks.get(id(src))
+        mean = ratio if mean is None else CLOCK_DECAY * mean + (1 - CLOCK_DECAY) * ratio
+        self._clocks[id(src)] = mean
+        src.clock = max(1.0, mean)
 
     def observe(self, committed: list[int], features: torch.Tensor, next_root: int) -> None:
         t0 = time.perf_counter()

@@ -128,6 +128,8 @@ class HybridOptions:
     max_candidates: int = _opt(8, "int", 1, "n-gram continuations per round")
     extend: bool = _opt(False, "bool", None, "a draft LM also drafts on after the n-grams' likeliest branch")
     costly_in_batches: bool = _opt(False, "bool", None, "costly sources (head, draft LM) draft in batched rounds too")
+    clock_cost: bool = _opt(True, "bool", None, "costly sources' level costs corrected by the clock where it says they "
+                            "take longer than modelled (false: modelled only, until stop 52)")
     corpus: str | None = _opt(None, "str", None, "corpus file for the corpus source (default: the head's corpus.npz)")
     batch_pass: bool = _opt(False, "bool", None, "batched rows draft their heads together (one forward per level)")
     prune_against: str = _opt("best", "str", None, PRUNE_DOC)

@@ -5,7 +5,8 @@ depth, their ``top_k`` children each. The drafter's probability of a token goes 
 table (probability bin x depth) learned online, so a weak head's 0.9 is read as what it is worth for this
 target. A level is drafted only while the frontier's expected accepted tokens pay for one more drafter
 call and the nodes it adds, against the best tree the round could verify now (costs in units of one target
-forward, from parameter counts and the verify-cost curve; only the head's catch-up is also timed, for the gates).
+forward, from parameter counts and the verify-cost curve, times how much longer than that the drafter measured a
+level to take here: never less than modelled).
 The head's cache is synced lazily: rounds in which it does not draft only queue the target's features.
 """
 
@@ -48,15 +49,27 @@ class ExpandingSource:
     """Shared expansion logic; subclasses provide the stepper (``_stepper``) and the cost per level."""
 
     name = "model"
-    cost = 0.25
 
     def __init__(self, top_k: int = 8, depth: int = 8, max_total: int = 64, cost_curve=None,
                  prune_against: str = "best", explore: float = EXPLORE):
+        self.modelled_cost = 0.25  # one level in target forwards, from sizes (subclasses set ``cost``)
+        # how much longer than modelled a level takes here, measured by the drafter (>= 1; 1 until measured): a small
+        # head's forward is bound by per-call overhead, not by the bytes it reads (stop 52: ~2.3x its modelled cost)
+        self.clock = 1.0
         self.top_k, self.depth, self.max_total = int(top_k), int(depth), int(max_total)
         self.explore = float(explore)  # standard errors added to a level's rate when deciding to draft it
         self.prune_against = prune_against  # what a deeper level must beat (budget.best_tree's rule)
         self.calibration = Calibration(prob_prior(), levels=DEPTHS)
         self.cost_curve = cost_curve  # relative verify cost by tree size (target forwards), or None
+
+    @property
+    def cost(self) -> float:
+        """One drafting level in target forwards: the modelled cost times what the clock said (``clock``)."""
+        return self.modelled_cost * self.clock
+
+    @cost.setter
+    def cost(self, value: float) -> None:
+        self.modelled_cost = float(value)
 
     def calibrated(self, raw: torch.Tensor, depth: int) -> torch.Tensor:
         """The conditional acceptance log-probs this source's calibration gives raw log-probs at ``depth``."""
