@@ -102,7 +102,7 @@ class HybridDrafter(Drafter):
 
     def __init__(self, sources: list[CandidateSource], budget=None, total_tokens: int | None = None,
                  gate: bool = True, name: str = "hybrid", costly_in_batches: bool = False,
-                 batch_pass: bool = False, agree: bool = True, clock_cost: bool = True):
+                 batch_pass: bool = False, agree: bool = True, clock_cost: bool = False):
         if budget is None and total_tokens is None:
             raise ValueError("HybridDrafter needs a TreeBudget or a fixed total_tokens")
         self.sources = list(sources)
@@ -121,7 +121,7 @@ class HybridDrafter(Drafter):
         # every source learns from every node it proposed (the rule until stop 51)
         self.agree = agree
         # costly sources' level costs corrected by the clock where drafting takes longer than modelled (``_clock``);
-        # kept across generations, like the calibrations. ``clock_cost=False``: modelled costs only (until stop 52)
+        # kept across generations, like the calibrations. Off by default (no gain measured: drafters/options.py)
         self.clock_cost = clock_cost
         self._clocks: dict[int, float] = {}
         self.agreements = {mode: Agreement(len(self.sources)) for mode in ("greedy", "sampled")}
