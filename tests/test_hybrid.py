@@ -553,6 +553,56 @@ def test_the_draft_gate_is_an_option_of_the_composition():
     gates = [make_drafter("hybrid", tl, draft, None, total_tokens=4, **kw).draft_gate.enabled
              for kw in ({}, {"draft_gate": True}, {"draft_gate": True, "gate": False})]
     assert gates == [False, True, False]  # off unless asked for (options.py), and only with the costly sources' gate
+    greedy = [make_drafter("hybrid", tl, draft, None, total_tokens=4, **kw).greedy_draft_gate.enabled
+              for kw in ({}, {"greedy_gate": True}, {"greedy_gate": True, "gate": False})]
+    assert greedy == [False, True, False]
+
+
+def test_a_closed_greedy_gate_plain_decodes_but_lets_a_strong_first_source_draft():
+    """At T=0 with the greedy draft gate on: drafting whose accepted half-token a round does not pay for a round's
+    drafting (modelled at 1.5 forwards here) closes the gate, and rounds verify the root alone; while it is closed the
+    first (free) source still drafts, alone, where its best first token is estimated likely enough to pay."""
+    from drafttree.budget import CostModel, TreeBudget
+    from drafttree.drafters.base import DraftRequest
+
+    curve = CostModel([1, 2, 4, 8], [0.002, 0.0021, 0.0022, 0.0024])
+
+    class Barred(ConstantSource):
+        """Proposes only where its first token's estimate reaches the round's bar, as the n-gram source does."""
+
+        def propose(self, rc, index):
+            return None if self.calibration.rate_of(0) < rc.min_accept else super().propose(rc, index)
+
+    def drafter(prior: float, greedy_gate: bool) -> HybridDrafter:
+        hd = HybridDrafter([Barred([3, 4], prior=prior), ConstantSource([5], prior=0.9)],
+                           budget=TreeBudget(curve, max_total=8, min_total=1))
+        hd.greedy_draft_gate.enabled = greedy_gate
+        hd.round_seconds = 0.003  # a round's drafting: 1.5 one-token forwards
+        hd.begin(torch.tensor([1, 2]), torch.zeros(2, 4), 2)
+        return hd
+
+    def sizes(hd: HybridDrafter, rounds: int, accepted) -> list[int]:
+        out = []
+        for r in range(rounds):
+            out.append(hd.propose(DraftRequest([1, 2, 2], 2, 8, Sampling(), None)).size)
+            hd.observe(accepted(r), torch.zeros(2, 4), 7)
+        return out
+
+    half = lambda r: [2, 3] if r % 2 else [2]  # noqa: E731 - the first draft accepted every other round
+    gated = sizes(drafter(0.5, True), 40, half)
+    assert sum(n > 1 for n in gated[-20:]) <= 6, gated  # closed: plain rounds, with a probe now and then
+    assert all(n > 1 for n in sizes(drafter(0.5, False), 40, half)[-20:])  # without the gate: every round drafts
+    strong = drafter(0.5, True)
+    sizes(strong, 40, half)
+    strong.round_seconds = 0.0005  # a cheaper round: the bar is (0.1 + 0.5) / 2 ms = 0.3
+    strong.sources[0].calibration.prior.fill_(0.97)  # the first source now expects its first token to be accepted
+    strong.sources[0].calibration.hits.zero_()
+    strong.sources[0].calibration.trials.zero_()
+    trees = []
+    for _ in range(3):
+        trees.append(strong.propose(DraftRequest([1, 2, 2], 2, 8, Sampling(), None)))
+        strong.observe([2], torch.zeros(1, 4), 7)
+    assert all(t.size > 1 and 5 not in t.tokens.tolist() for t in trees)  # the first source's nodes only
 
 
 def test_a_costly_source_slower_than_modelled_is_charged_what_the_clock_says():

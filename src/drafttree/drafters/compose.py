@@ -48,6 +48,7 @@ def make_hybrid(target, draft=None, head=None, o: HybridOptions | None = None) -
                             costly_in_batches=o.costly_in_batches, batch_pass=o.batch_pass, agree=o.agree,
                             clock_cost=o.clock_cost)
     drafter.draft_gate.enabled = o.gate and o.draft_gate
+    drafter.greedy_draft_gate.enabled = o.gate and o.greedy_gate
     if head is not None:
         from drafttree.sources.priors import apply_priors, load_priors
 

@@ -138,8 +138,10 @@ class HybridDrafter(Drafter):
         # tree's extra verification, in target steps, per situation (the last round accepted drafts or not); a closed
         # gate makes plain decoding rounds and probes every 4-16 of them
         self.draft_gate = Gate(probe=4, max_probe=16, decay=0.85, enabled=gate)
+        # the same at T=0 (``greedy_gate``; off unless asked for), where a closed gate still lets strong n-grams draft
+        self.greedy_draft_gate = Gate(probe=4, max_probe=16, decay=0.85, enabled=False)
         self.round_seconds = ROUND_SECONDS
-        self._draft: tuple[int, float] | None = None  # (situation, cost in steps) of this round's drafting
+        self._draft: tuple[Gate, int, float] | None = None  # (gate, situation, cost in steps) of this round's drafting
         self._spent = 0.0
         self._catch_up = (0.0, 0.0)  # this round's catch-up (target steps, seconds), see Proposal.catch_up
         self._last_accepted = 0
@@ -156,6 +158,7 @@ class HybridDrafter(Drafter):
             for g in [*gates, batch_gate]:
                 g.rewind()
         self.draft_gate.rewind()
+        self.greedy_draft_gate.rewind()
         self._batch = None
         self._draft = None
         self._last_accepted = 0
@@ -216,12 +219,18 @@ class HybridDrafter(Drafter):
         size = int(getattr(req.cost, "rows", 2)).bit_length() if batched else 0
         if batched and not self.batch_gate.allow(size):
             return DraftTree.root_only(req.root)
-        # sampling only: at T=0 the budget's calibrated trees paid on every task measured, and a closed gate missed
-        # the start of copy runs (docs/benchmark-notes.md, stop 33: tau 2.17 -> 2.11 on 11 prompt classes)
-        alone = (not batched and self.total_tokens is None and self.base_cost is not None
-                 and not req.sampling.greedy)
+        # at T=0 only with ``greedy_gate``: there the budget's calibrated trees paid on every task measured (stop 33),
+        # and a closed gate missed the start of copy runs (tau 2.17 -> 2.11 on 11 prompt classes); a closed greedy
+        # gate therefore still lets the context n-grams draft where their best first token pays (``_cheap_bar``)
+        gate = self.greedy_draft_gate if req.sampling.greedy else self.draft_gate
+        alone = not batched and self.total_tokens is None and self.base_cost is not None and gate.enabled
         sit = int(self._last_accepted > 0)
-        if alone and not self.draft_gate.allow(sit):
+        if alone and not gate.allow(sit):
+            bar = self._cheap_bar(req) if req.sampling.greedy else None
+            tree = self._propose(req, cheap=bar) if bar is not None else None
+            if tree is not None and tree.size > 1:
+                req.info["gated"] = True
+                return tree
             req.info.update(tree_tokens=1, depth=0, sources=[], gated=True)
             return DraftTree.root_only(req.root)
         tree = self._propose(req)
@@ -231,13 +240,26 @@ class HybridDrafter(Drafter):
             v1 = cost.verify(1)
             steps, seconds = self._catch_up
             drafting = max((self._spent - steps) * v1 + self.round_seconds, time.perf_counter() - t0 - seconds)
-            self._draft = (sit, (drafting + cost.verify(tree.size) - v1) / v1)
+            self._draft = (gate, sit, (drafting + cost.verify(tree.size) - v1) / v1)
         if batched:
             self._batch = (size, time.perf_counter() - t0, req.cost.verify(1), 1.0 + float(req.cost.extra_tokens))
         return tree
 
-    def _propose(self, req: DraftRequest) -> DraftTree:
-        rc = RoundContext(req.context, req.root, req.max_depth, req.sampling, [], self._bar(req.cost), req.noise)
+    def _cheap_bar(self, req: DraftRequest) -> float | None:
+        """While the greedy draft gate is closed: the least estimate at which the first (free) source's best first
+        token pays for being verified and for a round's modelled drafting, in one-token forwards; None when the first
+        source is not free."""
+        if not self.sources or self.sources[0].cost > 0:
+            return None
+        cost = self.base_cost.at(len(req.context))
+        v1 = cost.verify(1)
+        return (cost.verify(2) - v1 + self.round_seconds) / v1
+
+    def _propose(self, req: DraftRequest, cheap: float | None = None) -> DraftTree:
+        """The round's tree from every source that may run; ``cheap``: the first (free) source alone, proposing only
+        where its best first token is estimated at least that likely (a closed greedy draft gate)."""
+        bar = self._bar(req.cost) if cheap is None else cheap
+        rc = RoundContext(req.context, req.root, req.max_depth, req.sampling, [], bar, req.noise)
         limit = self.total_tokens if self.total_tokens is not None else self.budget.max_total
         merged = MergedTree(req.root)
         ran: list[tuple[int, int, float, float]] = []  # (source, situation, cost, extra) of costly sources that ran
@@ -247,6 +269,8 @@ class HybridDrafter(Drafter):
         if req.cost is not None and self.base_cost is not None:
             scale = self.base_cost.verify(1) / max(1e-12, req.cost.verify(1))
         for i, (src, gate) in enumerate(zip(self.sources, self.gates)):
+            if cheap is not None and i > 0:
+                break
             # drafted by a batch pass for every row at once (batching/head_pass.py): paid and gated by the batch
             prepared = getattr(src, "prepared", None) is not None
             if src.cost > 0 and req.cost is not None and not self.costly_in_batches and not prepared:
@@ -314,8 +338,8 @@ class HybridDrafter(Drafter):
         for s in self.sources:
             s.observe(committed, features, next_root)
         if self._draft is not None:
-            sit, steps = self._draft
-            self.draft_gate.record(sit, float(len(committed) - 1), steps, 1.0)
+            gate, sit, steps = self._draft
+            gate.record(sit, float(len(committed) - 1), steps, 1.0)
             self._draft = None
         self._last_accepted = len(committed) - 1
         if self._batch is not None:

@@ -123,6 +123,8 @@ class HybridOptions:
     # off by default since stop 41: on the six tasks, the held-out classes and the diagnostic prompts at T=1 it closed
     # the head more than paid (auto 1.21x -> 1.25x, 1.22x -> 1.27x, 1.13x -> 1.21x `ar` without it; docs/benchmarks.md)
     draft_gate: bool = _opt(False, "bool", None, "alone at T>0, draft at all only while it pays (needs gate)")
+    greedy_gate: bool = _opt(False, "bool", None, "alone at T=0 too, draft at all only while it pays; when closed the "
+                             "n-grams still draft where their best first token pays (needs gate)")
     max_ngram: int = _opt(4, "int", 1, "longest n-gram the suffix index matches")
     num_tokens: int = _opt(12, "int", 1, "tokens per n-gram continuation")
     max_candidates: int = _opt(8, "int", 1, "n-gram continuations per round")
