@@ -589,8 +589,12 @@ def test_a_closed_greedy_gate_plain_decodes_but_lets_a_strong_first_source_draft
         return out
 
     half = lambda r: [2, 3] if r % 2 else [2]  # noqa: E731 - the first draft accepted every other round
-    gated = sizes(drafter(0.5, True), 40, half)
+    closing = drafter(0.5, True)
+    gated = sizes(closing, 40, half)
     assert sum(n > 1 for n in gated[-20:]) <= 6, gated  # closed: plain rounds, with a probe now and then
+    # a round after a gated round that accepted nothing is its own situation (2), learnt apart from a miss (0): else a
+    # gate closed after a miss stays closed until a probe, a plain round being a miss too
+    assert {0, 1, 2} <= set(closing.greedy_draft_gate.gain), closing.greedy_draft_gate.gain
     assert all(n > 1 for n in sizes(drafter(0.5, False), 40, half)[-20:])  # without the gate: every round drafts
     strong = drafter(0.5, True)
     sizes(strong, 40, half)
