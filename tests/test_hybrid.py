@@ -590,7 +590,7 @@ def test_a_closed_greedy_gate_plain_decodes_but_lets_a_strong_first_source_draft
 
     half = lambda r: [2, 3] if r % 2 else [2]  # noqa: E731 - the first draft accepted every other round
     closing = drafter(0.5, True)
-    gated = sizes(closing, 40, half)
+    gated = sizes(closing, 60, half)
     assert sum(n > 1 for n in gated[-20:]) <= 6, gated  # closed: plain rounds, with a probe now and then
     # a round after a gated round that accepted nothing is its own situation (2), learnt apart from a miss (0): else a
     # gate closed after a miss stays closed until a probe, a plain round being a miss too
