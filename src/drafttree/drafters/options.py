@@ -124,8 +124,8 @@ class HybridOptions:
     # the head more than paid (auto 1.21x -> 1.25x, 1.22x -> 1.27x, 1.13x -> 1.21x `ar` without it; docs/benchmarks.md)
     draft_gate: bool = _opt(False, "bool", None, "alone at T>0, draft at all only while it pays (needs gate)")
     # off: side by side (stop 52) it gained on the six tasks (auto 1.24x -> 1.26x `ar`), the held-out classes (1.63x ->
-    # 1.69x) and one free-text user (77 -> 80 tok/s) but lost at L (2.09x -> 1.97x, tau 3.54 -> 3.03): after a round
-    # that accepted nothing a closed gate's rounds accept nothing either, so it stays closed until a probe
+    # 1.69x) and one free-text user (77 -> 80 tok/s) but lost at L (2.09x -> 1.97x, tau 3.54 -> 3.03): a gate closed
+    # after a miss stayed closed until a probe; with a third situation (after a gated round) still 2.01x -> 1.95x
     greedy_gate: bool = _opt(False, "bool", None, "alone at T=0 too, draft at all only while it pays; when closed the "
                              "n-grams still draft where their best first token pays (needs gate)")
     max_ngram: int = _opt(4, "int", 1, "longest n-gram the suffix index matches")
