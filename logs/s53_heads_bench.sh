@@ -1,0 +1,5 @@
+# stop 53: head I (shipped) next to head H (runs/s53-headH-refit: H with priors refitted by the same command)
+set -x
+.venv/bin/drafttree bench --setting S --prompts 5 --max-new-tokens 128 --threads 2 --warmup 1 --dtype bfloat16 --temperature 0 --methods hf-ar,ar,eagle2,eagle2:head=/work/main/runs/s53-headH-refit,auto,auto:head=/work/main/runs/s53-headH-refit,eagle2:total_tokens=60,eagle2:total_tokens=60:head=/work/main/runs/s53-headH-refit --out runs/s53-S-t0-heads
+.venv/bin/drafttree bench --tasks data/heldout/translate.jsonl,data/heldout/rag_qa.jsonl,data/heldout/math_steps.jsonl,data/heldout/email.jsonl,data/heldout/code_edit.jsonl --prompts 4 --max-new-tokens 128 --threads 2 --warmup 1 --dtype bfloat16 --temperature 0 --methods ar,eagle2,eagle2:head=/work/main/runs/s53-headH-refit,auto,auto:head=/work/main/runs/s53-headH-refit --out runs/s53-heldout-heads
+.venv/bin/drafttree bench --setting S --prompts 5 --max-new-tokens 128 --threads 2 --warmup 1 --dtype bfloat16 --temperature 1 --methods hf-ar,ar,eagle2,eagle2:head=/work/main/runs/s53-headH-refit,auto,auto:head=/work/main/runs/s53-headH-refit --out runs/s53-S-t1-heads
