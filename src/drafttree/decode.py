@@ -106,8 +106,10 @@ def decode(
         if tree.max_depth > req.max_depth:
             raise RuntimeError(f"drafter {drafter.name} proposed depth {tree.max_depth} > {req.max_depth}")
         watch.lap("time_draft")
+        verified = stats.time_verify
         out = target.forward_tree(tree.tokens, tree.depths, tree.ancestors)  # verify
         watch.lap("time_verify")
+        drafter.verified(tree.size, len(context), stats.time_verify - verified)
         path, nxt = accept(tree, out.logits, sampling, noise, req.root_pos)  # accept
         target.commit(path)
         committed = tree.tokens[path].tolist()

@@ -49,5 +49,9 @@ class Drafter:
     def propose(self, req: DraftRequest) -> DraftTree:
         return DraftTree.root_only(req.root)
 
+    def verified(self, tokens: int, context: int, seconds: float) -> None:
+        """This round's tree (``tokens`` tokens after ``context``) took ``seconds`` to verify: drafters that size
+        trees by the verify-cost curve may correct it (live_curve.py). Lone decoding only."""
+
     def observe(self, committed: list[int], features: torch.Tensor, next_root: int) -> None:
         pass

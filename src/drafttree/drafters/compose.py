@@ -7,6 +7,7 @@ from drafttree.drafters.draft_model import param_count
 from drafttree.drafters.hybrid import HybridDrafter, SwitchDrafter
 from drafttree.drafters.options import AUTO, DraftLMOptions, HybridOptions, SwitchOptions, parse_options
 from drafttree.errors import DraftTreeError
+from drafttree.live_curve import LiveCurve
 from drafttree.sources.model_sources import DraftLMSource, HeadSource
 from drafttree.sources.ngram import NgramSource
 
@@ -26,7 +27,11 @@ def make_hybrid(target, draft=None, head=None, o: HybridOptions | None = None) -
     budget = make_budget(target, max_total=o.max_total, min_total=1) if o.total_tokens == AUTO else None
     if budget is not None and o.floored_curve:
         budget.cost = budget.cost.floored()
-    curve = None if budget is None else (lambda n, c=budget.cost: c.verify(n) / c.verify(1))
+    live = LiveCurve(budget.cost) if budget is not None and o.live_curve else None
+    if live is not None:  # the model sources' level costs follow the corrected curve too
+        curve = lambda n: live.curve.verify(n) / live.curve.verify(1)  # noqa: E731
+    else:
+        curve = None if budget is None else (lambda n, c=budget.cost: c.verify(n) / c.verify(1))
     model_kw = dict(top_k=o.top_k, depth=o.depth, max_total=o.max_total, cost_curve=curve,
                     prune_against=o.prune_against, explore=o.explore)
     sources = []
@@ -46,7 +51,7 @@ def make_hybrid(target, draft=None, head=None, o: HybridOptions | None = None) -
     total = None if budget is not None else o.total_tokens
     drafter = HybridDrafter(sources, budget=budget, total_tokens=total, gate=o.gate,
                             costly_in_batches=o.costly_in_batches, batch_pass=o.batch_pass, agree=o.agree,
-                            clock_cost=o.clock_cost)
+                            clock_cost=o.clock_cost, live=live)
     drafter.draft_gate.enabled = o.gate and o.draft_gate
     drafter.greedy_draft_gate.enabled = o.gate and o.greedy_gate
     if head is not None:

@@ -10,10 +10,10 @@ calibration cell (or its agreement cell), and a :class:`Gate` stops running a co
 tokens (those no other source proposed) do not pay for its drafting; when sampling, one more gate stops drafting at
 all (plain decoding rounds, with probes) while a round's accepted drafts do not pay for its drafting and the tree's
 extra verification, both in target steps (free text, where n-gram guesses are seldom drawn). Tree sizes come from
-the cached cost curve and counters (steadier than timings on a loaded machine); the drafting gate also reads the
-clock, which may only say drafting costs more than modelled. The output never depends on any of it (noise.py). In
-batched rounds even the free sources' drafting time delays every row, and a :class:`Gate` on the row's measured
-drafting time stops rows whose drafts do not pay for it.
+the cached cost curve (corrected by the verify forwards' own times with ``live_curve``, live_curve.py) and counters;
+the drafting gate also reads the clock, which may only say drafting costs more than modelled. The output never
+depends on any of it (noise.py). In batched rounds even the free sources' drafting time delays every row, and a
+:class:`Gate` on the row's measured drafting time stops rows whose drafts do not pay for it.
 """
 
 from __future__ import annotations
@@ -102,12 +102,16 @@ class HybridDrafter(Drafter):
 
     def __init__(self, sources: list[CandidateSource], budget=None, total_tokens: int | None = None,
                  gate: bool = True, name: str = "hybrid", costly_in_batches: bool = False,
-                 batch_pass: bool = False, agree: bool = True, clock_cost: bool = False):
+                 batch_pass: bool = False, agree: bool = True, clock_cost: bool = False, live=None):
         if budget is None and total_tokens is None:
             raise ValueError("HybridDrafter needs a TreeBudget or a fixed total_tokens")
         self.sources = list(sources)
         self.budget, self.total_tokens = budget, total_tokens
         self.base_cost = budget.cost if budget is not None else None  # batched rounds charge a share of it
+        # ``live``: a LiveCurve (live_curve.py) that lone rounds' verify times correct; base_cost follows it
+        self.live = live if budget is not None else None
+        if self.live is not None:
+            self.base_cost = self.live.curve
         # gates learn per sampling mode too (what pays at T=0 need not at T=1); _start_generation picks the set
         self._gate_sets = {mode: ([Gate(enabled=gate and s.cost > 0) for s in self.sources], Gate(enabled=gate))
                            for mode in ("greedy", "sampled")}
@@ -336,6 +340,10 @@ class HybridDrafter(Drafter):
         mean = ratio if mean is None else CLOCK_DECAY * mean + (1 - CLOCK_DECAY) * ratio
         self._clocks[id(src)] = mean
         src.clock = max(1.0, mean)
+
+    def verified(self, tokens: int, context: int, seconds: float) -> None:
+        if self.live is not None and self.live.observe(tokens, context, seconds):
+            self.base_cost = self.live.curve
 
     def observe(self, committed: list[int], features: torch.Tensor, next_root: int) -> None:
         t0 = time.perf_counter()

@@ -137,6 +137,8 @@ class HybridOptions:
     # no time saved (drafting stayed 8% of the wall: the free sources' share); auto 1.20x vs 1.26x `ar` without it
     clock_cost: bool = _opt(False, "bool", None, "costly sources' level costs corrected by the clock where it says "
                             "they take longer than modelled")
+    live_curve: bool = _opt(False, "bool", None, "correct the cached verify-cost curve by the verify forwards' own "
+                            "times (lone decoding)")
     corpus: str | None = _opt(None, "str", None, "corpus file for the corpus source (default: the head's corpus.npz)")
     batch_pass: bool = _opt(False, "bool", None, "batched rows draft their heads together (one forward per level)")
     prune_against: str = _opt("best", "str", None, PRUNE_DOC)
