@@ -97,3 +97,15 @@ def test_the_decode_loop_reports_each_rounds_verify_forward():
     assert [c[0] for c in d.calls] == [1] * 5
     assert [c[1] for c in d.calls] == [5, 6, 7, 8, 9]  # the prompt and the tokens so far, root included
     assert all(c[2] > 0 for c in d.calls)
+
+
+def test_the_live_curve_is_an_option_of_the_composition_on_by_default():
+    from drafttree.drafters import make_drafter
+    from drafttree.models import LoadedModel
+    from tests.conftest import tiny_causal_lm
+
+    tl = LoadedModel(tiny_causal_lm("llama", vocab=40, hidden=32, seed=3), None, "tiny", "")
+    on, off = (make_drafter("hybrid", tl, None, None, sources="ngram", **kw) for kw in ({}, {"live_curve": False}))
+    assert on.live is not None and on.base_cost is on.live.curve and off.live is None
+    fixed = make_drafter("hybrid", tl, None, None, sources="ngram", total_tokens=4)
+    assert fixed.live is None  # a fixed tree size reads no curve

@@ -137,7 +137,10 @@ class HybridOptions:
     # no time saved (drafting stayed 8% of the wall: the free sources' share); auto 1.20x vs 1.26x `ar` without it
     clock_cost: bool = _opt(False, "bool", None, "costly sources' level costs corrected by the clock where it says "
                             "they take longer than modelled")
-    live_curve: bool = _opt(False, "bool", None, "correct the cached verify-cost curve by the verify forwards' own "
+    # on since stop 53: side by side (Zen 4, bf16) six tasks T=0 1.34x -> 1.37x `ar`, T=1 1.03x -> 1.07x (three tasks
+    # below `ar` -> none), held-out classes 1.57x -> 1.54x, L 2.28x -> 2.29x; the cached curve had 8 tokens at 1.30x one
+    # token where decoding timed ~2.1x (logs/s53_t1_long.py)
+    live_curve: bool = _opt(True, "bool", None, "correct the cached verify-cost curve by the verify forwards' own "
                             "times (lone decoding)")
     corpus: str | None = _opt(None, "str", None, "corpus file for the corpus source (default: the head's corpus.npz)")
     batch_pass: bool = _opt(False, "bool", None, "batched rows draft their heads together (one forward per level)")
