@@ -13,10 +13,10 @@ prompts = interleaved_prompts(list(BUILTIN), n)
 curve = sm.verify_cost()
 print("curve", curve.relative(), "1-token ms", round(curve.seconds[0] * 1e3, 2), "context", curve.context)
 log = []
-orig = sm.target.forward_tree
+orig = sm._runner.forward_tree
 def timed(tokens, depths, ancestors):
-    t = time.perf_counter(); out = orig(tokens, depths, ancestors); log.append((tokens.numel(), sm.target.length, time.perf_counter() - t)); return out
-sm.target.forward_tree = timed
+    t = time.perf_counter(); out = orig(tokens, depths, ancestors); log.append((tokens.numel(), sm._runner.length, time.perf_counter() - t)); return out
+sm._runner.forward_tree = timed
 sm.generate(prompts[0], 16, method="ar"); sm.generate(prompts[0], 16)
 for m in ("ar", "auto", "ar", "auto"):
     log.clear()
