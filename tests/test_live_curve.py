@@ -7,7 +7,7 @@ import math
 import torch
 
 from drafttree.accept import Sampling
-from drafttree.budget import CostModel, TreeBudget
+from drafttree.budget import BudgetRounds, CostModel, TreeBudget
 from drafttree.drafters.base import Drafter, DraftRequest
 from drafttree.drafters.hybrid import HybridDrafter
 from drafttree.live_curve import LiveCurve
@@ -109,3 +109,37 @@ def test_the_live_curve_is_an_option_of_the_composition_on_by_default():
     assert on.live is not None and on.base_cost is on.live.curve and off.live is None
     fixed = make_drafter("hybrid", tl, None, None, sources="ngram", total_tokens=4)
     assert fixed.live is None  # a fixed tree size reads no curve
+
+
+def test_budget_rounds_size_by_the_live_curve():
+    rounds = BudgetRounds(TreeBudget(CACHED, max_total=8), LiveCurve(CACHED, every=1))
+    for _ in range(3):
+        rounds.verified(4, 0, 2.4)  # twice the cached 1.2
+    assert math.isclose(rounds.start(None, 0).cost.verify(4), 2.4, rel_tol=1e-9)
+    plain = BudgetRounds(TreeBudget(CACHED, max_total=8))
+    plain.verified(4, 0, 2.4)  # without a live curve: nothing to correct
+    assert plain.start(None, 0).cost.verify(4) == 1.2
+
+
+def test_eagle2_and_draft_lm_trees_take_the_live_curve_and_the_batch_reports_a_lone_row():
+    from drafttree.batching import BatchDecoder, BatchTarget, Sequence
+    from drafttree.drafters import make_drafter
+    from drafttree.heads.model import EagleHead
+    from drafttree.models import LoadedModel
+    from tests.conftest import tiny_causal_lm
+
+    lm = tiny_causal_lm("llama", vocab=40, hidden=32, seed=3)
+    tl = LoadedModel(lm, None, "tiny", "")
+    draft = LoadedModel(tiny_causal_lm("llama", vocab=40, hidden=32, seed=4), None, "tiny-draft", "")
+    head = EagleHead(lm)
+    on, off = (make_drafter("eagle2", tl, None, head, **kw) for kw in ({}, {"live_curve": False}))
+    assert on.shape.rounds.live is not None and off.shape.rounds.live is None
+    on, off = (make_drafter("draft", tl, draft, None, tree=True, total_tokens="auto", **kw)
+               for kw in ({}, {"live_curve": False}))
+    assert on.rounds.live is not None and off.rounds.live is None
+    d = Recording()
+    dec = BatchDecoder(BatchTarget(lm), None)
+    dec.add(Sequence(torch.tensor([5, 6, 7]), d, Sampling(), 4))
+    while dec.rows:
+        dec.step()
+    assert [c[:2] for c in d.calls] == [(1, 4), (1, 5), (1, 6)] and all(c[2] > 0 for c in d.calls)

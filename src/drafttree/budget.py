@@ -395,9 +395,10 @@ class BudgetRounds:
     """Feeds each round's outcome (measured drafting and round time, accepted drafts) back into a
     :class:`TreeBudget`. Timings may steer tree sizes freely: they never change the output (noise.py)."""
 
-    def __init__(self, budget: TreeBudget):
+    def __init__(self, budget: TreeBudget, live=None):
         self.budget = budget
         self.base = budget.cost  # the single-sequence curve; a batched round charges a BatchShare of it
+        self.live = live  # a live_curve.LiveCurve correcting ``base`` by lone rounds' verify times, or None
         self._round: tuple | None = None
 
     def begin(self) -> None:
@@ -407,8 +408,13 @@ class BudgetRounds:
         """The budget for this round; ``cost`` (a :class:`BatchShare`) replaces the curve for this round only, else
         the curve at this sequence's ``context`` length."""
         self._t0 = time.perf_counter()
-        self.budget.cost = cost if cost is not None else self.base.at(context)
+        base = self.live.curve if self.live is not None else self.base
+        self.budget.cost = cost if cost is not None else base.at(context)
         return self.budget
+
+    def verified(self, tokens: int, context: int, seconds: float) -> None:
+        if self.live is not None:
+            self.live.observe(tokens, context, seconds)
 
     def record(self, budget: TreeBudget, expected: float, size: int) -> None:
         """After drafting: the tree's predicted accepted drafts and its size."""

@@ -191,6 +191,8 @@ class BatchDecoder:
         t0 = time.perf_counter()
         outs = tgt.forward_trees(trees)
         t_verify = time.perf_counter() - t0
+        if len(rows) == 1:  # a row alone: its forward is a lone sequence's, whose time corrects its curve
+            rows[0].drafter.verified(trees[0].size, len(rows[0].context), t_verify)
         best = [None] * len(rows)
         if any(s.sampling.greedy for s in rows):  # one argmax over every row's logits (they are one tensor)
             best = greedy_tokens(tgt.last_logits).split([t.size for t in trees])

@@ -16,6 +16,7 @@ from drafttree.budget import BudgetRounds
 from drafttree.drafters.base import Drafter, DraftRequest
 from drafttree.drafters.options import AUTO, DraftLMOptions
 from drafttree.errors import DraftTreeError
+from drafttree.live_curve import LiveCurve
 from drafttree.noise import coupled
 from drafttree.target import TargetModel
 from drafttree.tree import DraftTree, grow_chain, grow_dynamic_tree
@@ -88,19 +89,24 @@ class DraftModelDrafter(Drafter):
     name = "draft"
 
     def __init__(self, draft_model: torch.nn.Module, vocab_size: int, k: int = 4, tree: bool = False,
-                 top_k: int = 4, total_tokens: int = 16, budget=None):
+                 top_k: int = 4, total_tokens: int = 16, budget=None, live_curve: bool = False):
         """``budget``: a TreeBudget sizing each tree (trees only); else ``total_tokens`` nodes are verified."""
         if int(k) <= 0:
             raise DraftTreeError(f"draft length must be > 0, got {k}")
         self.state = DraftLMState(draft_model, vocab_size)
         self.k, self.tree, self.top_k = int(k), tree, int(top_k)
         self.total_tokens = int(total_tokens)
-        self.rounds = BudgetRounds(budget) if budget is not None and tree else None
+        live = LiveCurve(budget.cost) if budget is not None and tree and live_curve else None
+        self.rounds = BudgetRounds(budget, live) if budget is not None and tree else None
 
     def begin(self, prompt, prefill_features, root):
         self.state.reset()
         if self.rounds is not None:
             self.rounds.begin()
+
+    def verified(self, tokens: int, context: int, seconds: float) -> None:
+        if self.rounds is not None:
+            self.rounds.verified(tokens, context, seconds)
 
     def observe(self, committed, features, next_root):
         if self.rounds is not None:
@@ -131,4 +137,4 @@ def make_draft_drafter(target, draft, o: DraftLMOptions) -> DraftModelDrafter:
     budget = make_budget(target, max_total=o.max_total) if o.tree and o.total_tokens == AUTO else None
     total = 16 if o.total_tokens == AUTO else o.total_tokens
     return DraftModelDrafter(draft.model, target.vocab_size, k=o.depth, tree=o.tree, top_k=o.top_k,
-                             total_tokens=total, budget=budget)
+                             total_tokens=total, budget=budget, live_curve=o.live_curve)

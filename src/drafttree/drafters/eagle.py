@@ -31,6 +31,7 @@ from drafttree.drafters.options import AUTO, EagleOptions, parse_options
 from drafttree.errors import DraftTreeError
 from drafttree.heads.model import EagleHead
 from drafttree.kernels import fast_linears
+from drafttree.live_curve import LiveCurve
 from drafttree.noise import coupled
 from drafttree.target import tree_attention_mask
 from drafttree.tree import (
@@ -202,11 +203,13 @@ class DynamicTreeShape:
 
     chain = False
 
-    def __init__(self, top_k: int = 8, total_tokens: int | None = None, budget: TreeBudget | None = None):
+    def __init__(self, top_k: int = 8, total_tokens: int | None = None, budget: TreeBudget | None = None,
+                 live_curve: bool = False):
         if budget is None and total_tokens is None:
             raise DraftTreeError("an EAGLE-2 tree needs total_tokens or a TreeBudget")
         self.top_k, self.total_tokens = int(top_k), total_tokens
-        self.rounds = BudgetRounds(budget) if budget is not None else None
+        live = LiveCurve(budget.cost) if budget is not None and live_curve else None
+        self.rounds = BudgetRounds(budget, live) if budget is not None else None
 
     def begin(self) -> None:
         if self.rounds is not None:
@@ -249,6 +252,11 @@ class EagleDrafter(Drafter):
             return DraftTree.root_only(req.root)
         return self.shape.grow(self, req, depth, stop)
 
+    def verified(self, tokens: int, context: int, seconds: float) -> None:
+        rounds = getattr(self.shape, "rounds", None)
+        if rounds is not None:
+            rounds.verified(tokens, context, seconds)
+
     def observe(self, committed: list[int], features: torch.Tensor, next_root: int) -> None:
         self.shape.observe(len(committed) - 1)
         self._last = (committed[-1], features[-1])
@@ -287,7 +295,7 @@ def _predictor(head: EagleHead, o: EagleOptions) -> LengthPredictor:
 def _dynamic(target, o: EagleOptions) -> DynamicTreeShape:
     if o.total_tokens == AUTO:
         return DynamicTreeShape(o.top_k, budget=make_budget(target, max_total=o.max_total,
-                                                            prune_against=o.prune_against))
+                                                            prune_against=o.prune_against), live_curve=o.live_curve)
     return DynamicTreeShape(o.top_k, total_tokens=o.total_tokens)
 
 

@@ -91,6 +91,8 @@ class DraftLMOptions:
     top_k: int = _opt(4, "int", 1, "children per expanded node (trees)")
     total_tokens: int | str = _opt(16, "size", 1, "tree tokens verified, or auto (fitted to this machine)")
     max_total: int = _opt(32, "int", 2, "largest tree the auto budget may choose")
+    live_curve: bool = _opt(True, "bool", None, "correct the cached verify-cost curve by the verify forwards' own "
+                            "times (lone decoding; auto-sized trees)")
 
 
 @dataclass
@@ -102,6 +104,8 @@ class EagleOptions:
     top_k: int = _opt(8, "int", 1, "EAGLE-2 frontier width")
     total_tokens: int | str = _opt(AUTO, "size", 1, "EAGLE-2 tree tokens, or auto (fitted to this machine)")
     max_total: int = _opt(64, "int", 2, "largest tree the auto budget may choose")
+    live_curve: bool = _opt(True, "bool", None, "correct the cached verify-cost curve by the verify forwards' own "
+                            "times (lone decoding; auto-sized trees)")
     threshold: float = _opt(-1.0, "float", None, "stop a chain when its cumulative log-prob falls below this")
     tree: list | None = _opt(None, "paths", None, "EAGLE-1 static tree paths")
     ldlp: Any = _opt(None, "object", None, "a trained length predictor (default: the one next to the head)")
