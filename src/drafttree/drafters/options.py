@@ -104,6 +104,7 @@ class EagleOptions:
     top_k: int = _opt(8, "int", 1, "EAGLE-2 frontier width")
     total_tokens: int | str = _opt(AUTO, "size", 1, "EAGLE-2 tree tokens, or auto (fitted to this machine)")
     max_total: int = _opt(64, "int", 2, "largest tree the auto budget may choose")
+    # on since stop 53: side by side (Zen 4, bf16, six tasks T=0) eagle2 1.06x -> 1.17x `ar` (docs/benchmarks.md)
     live_curve: bool = _opt(True, "bool", None, "correct the cached verify-cost curve by the verify forwards' own "
                             "times (lone decoding; auto-sized trees)")
     threshold: float = _opt(-1.0, "float", None, "stop a chain when its cumulative log-prob falls below this")
