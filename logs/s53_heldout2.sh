@@ -1,0 +1,1 @@
+.venv/bin/drafttree bench --tasks data/heldout/translate.jsonl,data/heldout/rag_qa.jsonl,data/heldout/math_steps.jsonl,data/heldout/email.jsonl,data/heldout/code_edit.jsonl --prompts 4 --max-new-tokens 128 --threads 2 --warmup 1 --dtype bfloat16 --temperature 0 --methods ar,auto,auto:live_curve=false --out runs/s53-heldout-live2
