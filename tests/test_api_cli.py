@@ -59,6 +59,15 @@ def test_seeded_sampling_is_reproducible(sm):
     ({"top_k": -1}, "top_k"),
     ({"method": "nope"}, "unknown method"),
     ({"method": "draft"}, "draft model"),
+    ({"temperature": float("nan")}, "temperature must be a finite number"),
+    ({"temperature": float("inf")}, "temperature must be a finite number"),
+    ({"temperature": None}, "temperature must be a finite number"),
+    ({"temperature": "hot"}, "temperature must be a finite number"),
+    ({"temperature": 1e-40}, "temperature must be 0 .greedy. or at least"),
+    ({"top_p": float("nan")}, "top_p"),
+    ({"top_k": 1.5}, "top_k must be an integer"),
+    ({"top_k": None}, "top_k must be an integer"),
+    ({"seed": "abc"}, "seed must be an integer"),
 ])
 def test_bad_generation_arguments(sm, kwargs, msg):
     with pytest.raises(DraftTreeError, match=msg):
@@ -75,12 +84,77 @@ def test_empty_and_too_long_prompts(sm):
         sm.generate(too_long)
 
 
+@pytest.mark.parametrize("prompt,msg", [
+    (torch.tensor([1, 2, 10**9]), r"token ids must be in \[0, "),
+    (torch.tensor([-1, 5]), r"token ids must be in \[0, "),
+    (torch.tensor([1.0, 2.0]), "must hold integers, got a float32 tensor"),
+    (torch.ones(2, 3, dtype=torch.long), r"must be 1-D \(or \[1, n\]\), got shape \[2, 3\]"),
+])
+def test_bad_token_prompts_are_refused_before_any_forward(sm, prompt, msg):
+    with pytest.raises(DraftTreeError, match=msg):
+        sm.generate(prompt, max_new_tokens=4)
+    with pytest.raises(DraftTreeError, match=msg):
+        sm.generate([prompt, torch.tensor([1, 2])], max_new_tokens=4)
+
+
+def test_token_prompts_in_every_accepted_shape_give_the_same_tokens(sm):
+    ids = sm.encode_prompt(PROMPT).tolist()
+    want = sm.generate(torch.tensor(ids), max_new_tokens=6).tokens
+    assert sm.generate(ids, max_new_tokens=6).tokens == want  # a list of ints is one prompt, not a batch
+    assert sm.generate(torch.tensor([ids]), max_new_tokens=6).tokens == want
+    assert sm.generate(torch.tensor(ids, dtype=torch.int32), max_new_tokens=6).tokens == want
+
+
+def test_seeds_beyond_64_bits_wrap_as_the_servers_do(sm):
+    a = sm.generate(PROMPT, max_new_tokens=8, temperature=1.0, seed=5)
+    b = sm.generate(PROMPT, max_new_tokens=8, temperature=1.0, seed=5 + 2**64)
+    assert a.tokens == b.tokens
+    outs = sm.generate([PROMPT, PROMPT], max_new_tokens=8, temperature=1.0, seed=2**64 - 1)  # row 1: seed 0
+    assert outs[1].tokens == sm.generate(PROMPT, max_new_tokens=8, temperature=1.0, seed=0).tokens
+
+
+def test_generate_keyword_arguments_for_one_prompt_or_a_batch(sm):
+    with pytest.raises(DraftTreeError, match="record_rounds apply to one prompt"):
+        sm.generate([PROMPT, "Hi."], max_new_tokens=4, record_rounds=True)
+    one = sm.generate(PROMPT, max_new_tokens=4, max_batch=2)  # a batch of one
+    assert one.tokens == sm.generate(PROMPT, max_new_tokens=4).tokens
+
+
+def test_chat_template_errors_are_one_line(sm, monkeypatch):
+    import jinja2
+
+    def refuse(*a, **k):
+        raise jinja2.exceptions.TemplateError("Conversation roles must alternate user/assistant/user/assistant")
+
+    monkeypatch.setattr(sm.tokenizer, "apply_chat_template", refuse)
+    with pytest.raises(DraftTreeError, match="chat template refused these messages: Conversation roles"):
+        sm.generate([{"role": "user", "content": "a"}, {"role": "user", "content": "b"}], max_new_tokens=4)
+
+
 def test_model_references():
     with pytest.raises(DraftTreeError, match="unknown model"):
         resolve_reference("no-such-model")
     with pytest.raises(DraftTreeError, match="not found"):
         resolve_reference("/tmp/does/not/exist.gguf")
     assert resolve_reference("smollm2-135m-instruct")[0] == "gguf"
+
+
+def test_unloadable_model_files_are_one_line_errors(tmp_path, monkeypatch):
+    from drafttree.models import load_model
+
+    monkeypatch.setenv("DRAFTTREE_CACHE", str(tmp_path / "cache"))
+    arch = tmp_path / "arch"
+    arch.mkdir()
+    (arch / "config.json").write_text('{"model_type": "no_such_architecture_xyz"}')
+    with pytest.raises(DraftTreeError, match="could not load model from") as e:
+        load_model(str(arch), dtype="float32", device="cpu", show_progress=False)
+    assert "\n" not in str(e.value)
+    bad = tmp_path / "broken.gguf"
+    bad.write_bytes(b"GGUF" + b"\x00" * 64)  # the magic, then nothing a reader can use
+    with pytest.raises(DraftTreeError, match="could not read the GGUF file"):
+        load_model(str(bad), dtype="float32", device="cpu", show_progress=False)
+    with pytest.raises(DraftTreeError, match="unknown device"):
+        load_model(str(arch), device="gpu")
 
 
 def test_draft_with_another_vocabulary_is_refused(default_fp32):
@@ -132,6 +206,11 @@ def test_cli_compare_when_sampling_gives_plain_samplings_text(capsys):
     (["generate", "hi", "--method", "lookup", "--depth", "3"], "option 'depth' does not apply to method 'lookup'"),
     (["generate", "hi", "--method", "eagle2", "--total-tokens", "many"], "total_tokens must be an integer or auto"),
     (["generate", "hi", "--method", "eagle-chain", "--k", "0"], "k (depth) must be >= 1"),
+    (["generate", "hi", "--temperature", "nan"], "temperature must be a finite number"),
+    (["generate", "hi", "--device", "gpu"], "unknown device 'gpu'"),
+    (["generate", "hi", "--method", "ar", "--head", "/no/such/head"], "head not found: /no/such/head"),
+    (["generate", "hi", "--method", "lookup", "--head", "."], "method 'lookup' does not use an EAGLE head"),
+    (["generate", "hi", "--depth", "0"], "depth must be >= 1"),  # auto's options are checked before loading too
 ])
 def test_cli_errors_are_one_line(capsys, argv, msg):
     rc, out, err = _cli(capsys, *argv)
@@ -190,3 +269,47 @@ def test_compiled_forward_is_timed_beside_ours():
 def test_cli_calibrate_rejects_bad_compile_sizes(capsys):
     rc, out, err = _cli(capsys, "calibrate", "--dtype", "float32", "--compare-compile", "--compile-sizes", "0,4")
     assert rc != 0 and "--compile-sizes takes token counts >= 1" in err
+
+
+@pytest.mark.parametrize("value", ["0", "-1", "two"])
+def test_cli_thread_counts_must_be_positive(capsys, value):
+    with pytest.raises(SystemExit) as e:
+        main(["generate", "hi", "--threads", value])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and "argument --threads: must be" in err and "Traceback" not in err
+
+
+def _close_to_reference(entries, ref, top: int) -> None:
+    """Each entry's log-probability and alternatives against ``ref`` (log-softmax rows of an independent forward)."""
+    for e, row in zip(entries, ref):
+        assert abs(e.logprob - row[e.token].item()) < 1e-3
+        assert len(e.top) == top
+        assert all(abs(lp - v) < 1e-3 for (_, lp), v in zip(e.top, row.topk(top).values.tolist()))
+        assert all(abs(lp - row[t].item()) < 1e-3 for t, lp in e.top)
+
+
+def test_logprobs_are_the_targets_own_for_every_method_and_path(sm):
+    ids = sm.encode_prompt(PROMPT)
+    r = sm.generate(PROMPT, max_new_tokens=12, logprobs=3)  # lookup trees
+    assert len(r.logprobs) == len(r.tokens) == 12 and [e.token for e in r.logprobs] == r.tokens
+    with torch.no_grad():  # the reference: one plain forward of the stock model over the prompt and the answer
+        full = torch.cat([ids, torch.tensor(r.tokens[:-1])])[None]
+        ref = torch.log_softmax(sm.target.model(full).logits[0, ids.numel() - 1:].float(), dim=-1)
+    _close_to_reference(r.logprobs, ref, 3)
+    plain = sm.generate(PROMPT, max_new_tokens=12, logprobs=3, method="ar")
+    assert plain.tokens == r.tokens
+    _close_to_reference(plain.logprobs, ref, 3)
+    s = sm.stream(PROMPT, max_new_tokens=12, logprobs=0)  # each chunk carries its own tokens' entries
+    chunks = list(s)
+    assert [e.token for c in chunks for e in c.logprobs] == [t for c in chunks for t in c.tokens] == r.tokens
+    assert all(e.top == [] for c in chunks for e in c.logprobs)
+    outs = sm.generate([PROMPT, "Hi."], max_new_tokens=6, logprobs=2)  # the batch decoder's rows
+    assert outs[0].tokens == r.tokens[:6]
+    _close_to_reference(outs[0].logprobs, ref[:6], 2)
+    assert len(outs[1].logprobs) == len(outs[1].tokens)
+    off = sm.generate(PROMPT, max_new_tokens=4)
+    assert off.logprobs is None and "logprobs" not in off.to_dict()
+    assert len(r.to_dict()["logprobs"]) == 12
+    for bad in (21, -1, 1.5, True):
+        with pytest.raises(DraftTreeError, match="logprobs must be an integer in 0..20"):
+            sm.generate(PROMPT, max_new_tokens=4, logprobs=bad)

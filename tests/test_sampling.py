@@ -359,3 +359,13 @@ def test_batched_broken_rule_is_caught(monkeypatch):
     monkeypatch.setattr(BD, "accept", broken_accept)
     pvals = _batch_pvalues({"k": 3}, Sampling(1.0))
     assert min(pvals) < 1e-4, f"broken rule not detected in a batch (p-values {pvals})"
+
+
+def test_small_temperatures_split_a_tie_evenly():
+    """Two tied logits of 24 at T = 1e-6 (the least temperature allowed): unshifted, logits / T = 2.4e7 sits on
+    float32's grid of 2, so logits / T + noise ties about half the time and the first index took ~75% of the samples."""
+    noise = Noise(seed=11, vocab=8)
+    logits = torch.tensor([24.0, 24.0, 0.0, -3.0, 1.0, 2.0, 0.5, -1.0])
+    n = 4000
+    first = sum(sample_token(logits, Sampling(1e-6), noise, k) == 0 for k in range(n))
+    assert abs(first / n - 0.5) < 0.03, first / n

@@ -164,6 +164,9 @@ BAD = [
     ({"messages": MESSAGES, "method": "nope"}, "method"),
     ({"messages": MESSAGES, "method": "eagle2"}, "method"),  # needs a head this server did not load
     ({"messages": MESSAGES, "n": 2}, "n"),
+    ({"messages": MESSAGES, "logprobs": "yes"}, "logprobs"),
+    ({"messages": MESSAGES, "logprobs": True, "top_logprobs": 21}, "top_logprobs"),
+    ({"messages": MESSAGES, "temperature": 1e-300}, None),  # Sampling's check: logits / t would overflow
 ]
 
 
@@ -176,14 +179,17 @@ def test_bad_chat_requests_are_400(server, body, param):
 
 
 @pytest.mark.parametrize("body,param", [({}, "prompt"), ({"prompt": ""}, "prompt"), ({"prompt": ["a", "b"]}, "prompt"),
-                                        ({"prompt": "hi", "max_tokens": 0}, "max_tokens")])
+                                        ({"prompt": "hi", "max_tokens": 0}, "max_tokens"),
+                                        ({"prompt": "hi", "logprobs": 6}, "logprobs")])  # OpenAI's limit: 5
 def test_bad_completion_requests_are_400(server, body, param):
     status, out = post(server, "/v1/completions", body)
     assert status == 400 and out["error"]["param"] == param
 
 
 def test_malformed_json_and_non_object(server):
-    for raw in (b"{not json", b"[1, 2]", b"\xff\xfe", b""):
+    deep = b"[" * 100_000 + b"]" * 100_000  # the parser's recursion limit, well under the size limit
+    huge_int = b'{"seed": 1' + b"0" * 5000 + b"}"  # over CPython's 4,300 digits for int()
+    for raw in (b"{not json", b"[1, 2]", b"\xff\xfe", b"", deep, huge_int):
         status, _, data = request(server, "POST", "/v1/chat/completions", raw=raw)
         assert status == 400, raw
         assert json.loads(data)["error"]["type"] == "invalid_request_error"
@@ -365,3 +371,38 @@ def test_serving_freezes_what_is_loaded_and_still_collects_the_rounds_garbage():
         assert gc.collect() > 0
     finally:
         gc.unfreeze()
+
+
+def test_logprobs_in_openai_shapes(server, sm, expected):
+    status, out = post(server, "/v1/chat/completions", {"messages": MESSAGES, "max_tokens": 12, "temperature": 0,
+                                                        "logprobs": True, "top_logprobs": 2})
+    assert status == 200
+    content = out["choices"][0]["logprobs"]["content"]
+    assert len(content) == len([t for t in expected.tokens if t not in sm.eos_ids])  # EOS is not reported
+    want = sm.generate(MESSAGES, max_new_tokens=12, logprobs=2).logprobs
+    for item, e in zip(content, want):
+        assert item["token"] == sm.tokenizer.decode([e.token]) and item["bytes"] == list(item["token"].encode())
+        assert abs(item["logprob"] - e.logprob) < 1e-3 and len(item["top_logprobs"]) == 2
+    assert "".join(i["token"] for i in content if i["token"] not in sm.tokenizer.all_special_tokens) == expected.text
+    status, headers, data = request(server, "POST", "/v1/chat/completions", {  # streamed: the same entries, in pieces
+        "messages": MESSAGES, "max_tokens": 12, "temperature": 0, "logprobs": True, "stream": True})
+    pieces = [json.loads(e)["choices"][0]["logprobs"] for e in sse_events(data)[:-1]]
+    streamed = [i for p in pieces if p for i in p["content"]]
+    assert [i["token"] for i in streamed] == [i["token"] for i in content]
+    assert all(i["top_logprobs"] == [] for i in streamed)
+    status, out = post(server, "/v1/completions", {"prompt": "The three primary colours are", "max_tokens": 8,
+                                                   "temperature": 0, "logprobs": 0, "stop": "\n\n"})
+    lp = out["choices"][0]["logprobs"]
+    assert status == 200 and len(lp["tokens"]) == len(lp["token_logprobs"]) == len(lp["text_offset"])
+    assert lp["top_logprobs"] == [{}] * len(lp["tokens"]) and lp["text_offset"][0] == 0
+    assert "".join(lp["tokens"]).startswith(out["choices"][0]["text"])  # a stop string: tokens up to it only
+    assert len(lp["tokens"]) <= out["usage"]["completion_tokens"]
+    assert lp["text_offset"] == sorted(lp["text_offset"])
+    status, headers, data = request(server, "POST", "/v1/completions", {  # streamed with the stop string held back
+        "prompt": "The three primary colours are", "max_tokens": 8, "temperature": 0, "logprobs": 0, "stop": "\n\n",
+        "stream": True})
+    pieces = [json.loads(e)["choices"][0]["logprobs"] for e in sse_events(data)[:-1]]
+    assert [t for p in pieces if p for t in p["tokens"]] == lp["tokens"]
+    assert [o for p in pieces if p for o in p["text_offset"]] == lp["text_offset"]
+    status, out = post(server, "/v1/chat/completions", {"messages": MESSAGES, "top_logprobs": 2})
+    assert status == 400 and "top_logprobs needs logprobs" in out["error"]["message"]

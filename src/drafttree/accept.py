@@ -21,12 +21,19 @@ At temperature 0 the target is deterministic (argmax) and the rule is the same w
 from __future__ import annotations
 
 import math
+import numbers
 from dataclasses import dataclass
 
 import torch
 
 from drafttree.errors import DraftTreeError
 from drafttree.tree import DraftTree
+
+MIN_TEMPERATURE = 1e-6  # below it, logits / temperature may overflow float32
+
+
+def _is_number(x) -> bool:
+    return isinstance(x, numbers.Real) and not isinstance(x, bool)
 
 
 @dataclass(frozen=True)
@@ -36,12 +43,26 @@ class Sampling:
     top_k: int = 0
 
     def __post_init__(self):
-        if self.temperature is None or self.temperature < 0:
-            raise DraftTreeError(f"temperature must be >= 0, got {self.temperature}")
-        if not (0.0 < self.top_p <= 1.0):
-            raise DraftTreeError(f"top_p must be in (0, 1], got {self.top_p}")
-        if self.top_k is None or self.top_k < 0:
-            raise DraftTreeError(f"top_k must be >= 0 (0 = off), got {self.top_k}")
+        t, p, k = self.temperature, self.top_p, self.top_k
+        if not _is_number(t) or not math.isfinite(t) or t < 0:
+            raise DraftTreeError(f"temperature must be a finite number >= 0, got {t!r}")
+        if 0 < t < MIN_TEMPERATURE:  # logits / t would overflow float32 (a softmax of inf is NaN)
+            raise DraftTreeError(f"temperature must be 0 (greedy) or at least {MIN_TEMPERATURE:g}, got {t!r}")
+        if not _is_number(p) or not (0.0 < p <= 1.0):
+            raise DraftTreeError(f"top_p must be in (0, 1], got {p!r}")
+        if isinstance(k, bool) or not isinstance(k, numbers.Integral) or k < 0:
+            raise DraftTreeError(f"top_k must be an integer >= 0 (0 = off), got {k!r}")
+
+    @classmethod
+    def of(cls, temperature, top_p, top_k) -> Sampling:
+        """From user values (ints for floats are fine, ``None`` and strings are not): one-line errors, no casts that
+        could turn a bad value into a raw TypeError or a silently different one (``int(0.9)`` is 0)."""
+        temperature, top_p, top_k = (x.item() if isinstance(x, torch.Tensor) and x.numel() == 1 else x
+                                     for x in (temperature, top_p, top_k))  # 0-d tensors, as float() took them
+        if _is_number(top_k) and float(top_k).is_integer():
+            top_k = int(top_k)
+        return cls(float(temperature) if _is_number(temperature) else temperature,
+                   float(top_p) if _is_number(top_p) else top_p, top_k)
 
     @property
     def greedy(self) -> bool:
@@ -51,7 +72,8 @@ class Sampling:
 def warped_logits(logits: torch.Tensor, sampling: Sampling) -> torch.Tensor:
     """Float32 logits of the target's sampling distribution: divided by the temperature, -inf outside the top-k
     and outside the top-p nucleus (their softmax is :func:`warp_probs`). Rows of a 2-D input are warped apart."""
-    z = logits.float() / sampling.temperature
+    z = logits.float() - logits.amax(-1, keepdim=True).float()  # the top logit at 0: float32's grid is finest there,
+    z.div_(sampling.temperature)  # so at small temperatures z + noise does not round near-ties onto one value
     if sampling.top_k and sampling.top_k < z.shape[-1]:
         kth = z.topk(sampling.top_k, dim=-1).values[..., -1:]
         z = z.masked_fill(z < kth, float("-inf"))

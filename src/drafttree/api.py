@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import numbers
 import random
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 
 import torch
 
@@ -15,6 +17,7 @@ from drafttree.detok import TextAssembler
 from drafttree.drafters import Drafter, check_method, make_drafter
 from drafttree.drafters.options import parse_options
 from drafttree.errors import DraftTreeError
+from drafttree.logprobs import TokenLogprob, check_top
 from drafttree.models import DEFAULT_MODEL, LoadedModel, check_same_vocabulary, load_model
 from drafttree.target import TargetModel
 
@@ -26,6 +29,7 @@ class GenerationResult:
     prompt_tokens: int
     method: str
     stats: DecodeStats = field(repr=False)
+    logprobs: list[TokenLogprob] | None = field(default=None, repr=False)  # per token of ``tokens``, when asked for
 
     @property
     def new_tokens(self) -> int:
@@ -61,6 +65,7 @@ class GenerationResult:
             "time_split": {"prefill": round(s.time_prefill, 4), "draft": round(s.time_draft, 4),
                            "verify": round(s.time_verify, 4), "other": round(s.time_other, 4)},
             "tokens": self.tokens,
+            **({} if self.logprobs is None else {"logprobs": [asdict(t) for t in self.logprobs]}),
         }
 
 
@@ -71,6 +76,7 @@ class StreamChunk:
     text: str
     tokens: list[int]
     step: int
+    logprobs: list[TokenLogprob] | None = None  # per token of ``tokens``, when asked for (``logprobs=k``)
 
 
 class GenerationStream:
@@ -121,13 +127,18 @@ class SpeculativeModel:
         ``hybrid``: context n-grams plus the head and/or draft LM when loaded, in one ranked tree sized for this
         machine (the root alone, plain decoding, where no tree pays).
         """
-        needs = "model"
-        if method != "auto":  # fail before loading anything
-            spec = check_method(method)
-            needs = spec.needs
-            parse_options(spec.schema, method, method_options)
+        spec = check_method("hybrid" if method == "auto" else method)  # fail before loading anything
+        needs = "model" if method == "auto" else spec.needs
+        parse_options(spec.schema, method, method_options)
         if needs == "draft" and not draft_model:
             raise DraftTreeError(f"method {method!r} needs a draft model (draft_model=... / --draft-model)")
+        if head and head != "auto":
+            head = str(Path(head).expanduser())
+            if not Path(head).exists():
+                raise DraftTreeError(f"head not found: {head}")
+            if needs not in ("head", "model", "any"):
+                raise DraftTreeError(f"method {method!r} does not use an EAGLE head: leave out head=/--head, or "
+                                     "load with a method that drafts with it (auto, hybrid, eagle2, ...)")
         target = load_model(model, dtype=dtype, device=device, show_progress=show_progress)
         draft = None
         if draft_model:
@@ -165,6 +176,26 @@ class SpeculativeModel:
         return self._drafters[key]
 
     # ---- prompts -------------------------------------------------------------------------------------
+    def prompt_ids(self, prompt, chat: bool = True) -> torch.Tensor:
+        """Token ids of a prompt: text or chat messages through the tokenizer, or token ids as they are (a 1-D
+        integer tensor, a [1, n] one, or a list of ints), checked against the vocabulary before any forward sees
+        them (an id out of range would be a raw IndexError on a CPU and a device-side assert on CUDA)."""
+        if isinstance(prompt, (list, tuple)) and prompt and all(is_token_id(t) for t in prompt):
+            prompt = torch.tensor([int(t) for t in prompt], dtype=torch.long)
+        if not isinstance(prompt, torch.Tensor):
+            return self.encode_prompt(prompt, chat)
+        if prompt.dtype.is_floating_point or prompt.dtype.is_complex or prompt.dtype == torch.bool:
+            kind = str(prompt.dtype).replace("torch.", "")
+            raise DraftTreeError(f"a token-id prompt must hold integers, got a {kind} tensor")
+        if prompt.dim() > 2 or (prompt.dim() == 2 and prompt.shape[0] != 1):
+            raise DraftTreeError(f"a token-id prompt must be 1-D (or [1, n]), got shape {list(prompt.shape)}; pass "
+                                 "several prompts as a list")
+        ids = prompt.reshape(-1).long()
+        vocab = self.target.vocab_size
+        if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= vocab):
+            raise DraftTreeError(f"token ids must be in [0, {vocab}), got {int(ids.min())}..{int(ids.max())}")
+        return ids
+
     def encode_prompt(self, prompt: str | list[dict], chat: bool = True) -> torch.Tensor:
         tok = self.tokenizer
         if isinstance(prompt, str):
@@ -179,7 +210,12 @@ class SpeculativeModel:
             raise DraftTreeError("messages must be a non-empty list of {'role': ..., 'content': ...} objects")
         if not getattr(tok, "chat_template", None):
             raise DraftTreeError("this model has no chat template: pass a plain string with chat=False")
-        ids = tok.apply_chat_template(prompt, add_generation_prompt=True, tokenize=True, return_dict=False)
+        try:
+            ids = tok.apply_chat_template(prompt, add_generation_prompt=True, tokenize=True, return_dict=False)
+        except Exception as e:  # the model's template refuses these messages (a role it lacks, turns out of order)
+            if type(e).__module__.startswith("jinja2"):
+                raise DraftTreeError(f"the model's chat template refused these messages: {e}") from None
+            raise
         if isinstance(ids, dict) or hasattr(ids, "input_ids"):
             ids = ids["input_ids"]
         return torch.tensor(ids, dtype=torch.long).reshape(-1)
@@ -188,15 +224,20 @@ class SpeculativeModel:
     def stream(self, prompt: str | list[dict] | torch.Tensor, max_new_tokens: int = 256, temperature: float = 0.0,
                top_p: float = 1.0, top_k: int = 0, stop: list[str] | str | None = None, seed: int | None = None,
                chat: bool = True, method: str | None = None, record_rounds: bool = False,
-               method_options: dict | None = None, drafter: Drafter | None = None) -> GenerationStream:
+               method_options: dict | None = None, drafter: Drafter | None = None,
+               logprobs: int | None = None) -> GenerationStream:
         """Generate lazily: one :class:`StreamChunk` per target forward, as soon as its tokens are accepted.
+
+        ``logprobs=k`` (0..20): each new token's log-probability under the target and its k likeliest alternatives,
+        in ``chunk.logprobs`` and ``result.logprobs`` (logprobs.py: from the verify forwards' own logits).
 
         ``drafter``: a :class:`~drafttree.drafters.base.Drafter` object of your own instead of a method name
         (a new drafting idea is one small class; the decode loop keeps it lossless)."""
         if max_new_tokens is None or max_new_tokens <= 0:
             raise DraftTreeError(f"max_new_tokens must be > 0, got {max_new_tokens}")
-        sampling = Sampling(float(temperature), float(top_p), int(top_k))
-        ids = prompt.reshape(-1) if isinstance(prompt, torch.Tensor) else self.encode_prompt(prompt, chat)
+        sampling = Sampling.of(temperature, top_p, top_k)
+        logprobs = check_top(logprobs)
+        ids = self.prompt_ids(prompt, chat)
         if ids.numel() == 0:
             raise DraftTreeError("empty prompt")
         ctx = self._runner.max_positions
@@ -211,38 +252,46 @@ class SpeculativeModel:
         if any(not s for s in stops):
             raise DraftTreeError("stop strings must be non-empty")
         gen = torch.Generator(device=self.target.device)
-        gen.manual_seed(seed if seed is not None else random.randrange(2**63))
+        gen.manual_seed(seed_value(seed) if seed is not None else random.randrange(2**63))
         stream = GenerationStream(iter(()))
-        stream._it = self._run(ids, drafter, sampling, max_new_tokens, stops, gen, stream, record_rounds, label)
+        stream._it = self._run(ids, drafter, sampling, max_new_tokens, stops, gen, stream, record_rounds, label,
+                               logprobs)
         return stream
 
-    def _run(self, ids, drafter, sampling, max_new_tokens, stops, gen, stream, record_rounds, method):
+    def _run(self, ids, drafter, sampling, max_new_tokens, stops, gen, stream, record_rounds, method, logprobs):
         stats = DecodeStats()
         text = TextAssembler(self.tokenizer, stops)
         steps = decode(self._runner, drafter, ids, sampling, max_new_tokens, self.eos_ids, gen, stats,
-                       record_rounds)
+                       record_rounds, logprobs)
         step = 0
         for new in steps:
             delta = text.feed(new, final=stats.finish_reason == "stop")
             step += 1
-            yield StreamChunk(delta, new, step)
+            lps = None if logprobs is None else stats.logprobs[len(text.tokens) - len(new):len(text.tokens)]
+            yield StreamChunk(delta, new, step, lps)
             if text.stopped_at is not None:
                 stats.finish_reason = "stop"
                 steps.close()
                 break
         rest = text.finish()
         if rest:
-            yield StreamChunk(rest, [], step)
-        stream.result = GenerationResult(text.text, text.tokens, int(ids.numel()), method, stats)
+            yield StreamChunk(rest, [], step, None if logprobs is None else [])
+        stream.result = GenerationResult(text.text, text.tokens, int(ids.numel()), method, stats,
+                                         None if logprobs is None else stats.logprobs)
 
     def generate(self, prompt: str | list[dict] | torch.Tensor | list, max_new_tokens: int = 256,
                  **kwargs) -> GenerationResult | list[GenerationResult]:
         """Generate to completion; see :meth:`stream` for the parameters. A list of prompts (strings, message
         lists or token tensors) is decoded as one batch (:meth:`stream_batch`) and gives a list of results."""
         if is_batch(prompt):
+            single = sorted(set(kwargs) & {"record_rounds", "drafter"})
+            if single:
+                raise DraftTreeError(f"{' and '.join(single)} apply to one prompt; a list of prompts is decoded as a "
+                                     "batch (generate each prompt alone to use them)")
             for _ in self.stream_batch(prompt, max_new_tokens, **kwargs):
                 pass
             return self.batch_results()
+        kwargs.pop("max_batch", None)  # one prompt is a batch of one
         s = self.stream(prompt, max_new_tokens, **kwargs)
         for _ in s:
             pass
@@ -251,7 +300,7 @@ class SpeculativeModel:
     def stream_batch(self, prompts: list, max_new_tokens: int = 256, temperature: float = 0.0, top_p: float = 1.0,
                      top_k: int = 0, stop: list[str] | str | None = None, seed: int | None = None, chat: bool = True,
                      method: str | None = None, method_options: dict | None = None,
-                     max_batch: int | None = None) -> Iterator[tuple[int, StreamChunk]]:
+                     max_batch: int | None = None, logprobs: int | None = None) -> Iterator[tuple[int, StreamChunk]]:
         """Decode several prompts together (one target forward verifies every row's tree), yielding
         ``(prompt index, chunk)`` as each row's tokens are accepted; at most ``max_batch`` rows at a time, the
         others join as rows finish. Greedy output equals each prompt decoded alone; with ``seed``, row i
@@ -262,11 +311,14 @@ class SpeculativeModel:
             raise DraftTreeError(f"max_new_tokens must be > 0, got {max_new_tokens}")
         if max_batch is not None and max_batch <= 0:
             raise DraftTreeError(f"max_batch must be > 0, got {max_batch}")
-        sampling = Sampling(float(temperature), float(top_p), int(top_k))
+        sampling = Sampling.of(temperature, top_p, top_k)
+        logprobs = check_top(logprobs)
         stops = [stop] if isinstance(stop, str) else list(stop or [])
         if any(not s for s in stops):
             raise DraftTreeError("stop strings must be non-empty")
-        ids = [p.reshape(-1) if isinstance(p, torch.Tensor) else self.encode_prompt(p, chat) for p in prompts]
+        if seed is not None:
+            seed_value(seed)  # checked before any prompt is encoded
+        ids = [self.prompt_ids(p, chat) for p in prompts]
         ctx = self._runner.max_positions
         for i, x in enumerate(ids):
             if x.numel() == 0 or x.numel() >= ctx:
@@ -277,10 +329,10 @@ class SpeculativeModel:
         seqs, texts = [], []
         for i, x in enumerate(ids):
             gen = torch.Generator(device=self.target.device)
-            gen.manual_seed(seed + i if seed is not None else random.randrange(2**63))
+            gen.manual_seed((seed_value(seed) + i) & SEED_MASK if seed is not None else random.randrange(2**63))
             drafter = make_drafter(method, self.target, self.draft, self.head, **dict(options))
             seqs.append(Sequence(x.to(self.target.device), drafter, sampling, max_new_tokens, frozenset(self.eos_ids),
-                                 gen, tag=i))
+                                 gen, tag=i, logprobs=logprobs))
             texts.append(TextAssembler(self.tokenizer, stops))
         dec = BatchDecoder(self.batch_target(), self.verify_cost(), self.batch_policy)
         waiting, limit = list(seqs), max_batch or len(seqs)
@@ -295,13 +347,16 @@ class SpeculativeModel:
             if text.stopped_at is not None and not seq.finished:
                 seq.cancelled = True
                 seq._finish("stop")
-            out = [(i, StreamChunk(delta, new, steps[i]))]
+            n = len(text.tokens)
+            lps = None if logprobs is None else seq.stats.logprobs[n - len(new):n]
+            out = [(i, StreamChunk(delta, new, steps[i], lps))]
             if seq.finished:
                 rest = text.finish()
                 if rest:
-                    out.append((i, StreamChunk(rest, [], steps[i])))
+                    out.append((i, StreamChunk(rest, [], steps[i], None if logprobs is None else [])))
                 self._batch_results[i] = GenerationResult(text.text, text.tokens, int(seq.prompt_ids.numel()),
-                                                          method, seq.stats)
+                                                          method, seq.stats, None if logprobs is None
+                                                          else seq.stats.logprobs)
             return out
 
         while waiting or dec.rows:
@@ -333,8 +388,23 @@ class SpeculativeModel:
 
 
 def is_batch(prompt) -> bool:
-    """A list of prompts (strings, token tensors or message lists), not one chat (a list of message dicts)."""
-    return isinstance(prompt, (list, tuple)) and bool(prompt) and not isinstance(prompt[0], dict)
+    """A list of prompts (strings, token tensors or message lists), not one chat (a list of message dicts) nor one
+    prompt of token ids (a list of ints)."""
+    return (isinstance(prompt, (list, tuple)) and bool(prompt) and not isinstance(prompt[0], dict)
+            and not all(is_token_id(t) for t in prompt))
+
+
+def is_token_id(x) -> bool:
+    return isinstance(x, numbers.Integral) and not isinstance(x, bool)
+
+
+SEED_MASK = 2**64 - 1  # torch seeds are unsigned 64-bit; larger or negative seeds wrap, as the server's do
+
+
+def seed_value(seed) -> int:
+    if not is_token_id(seed):
+        raise DraftTreeError(f"seed must be an integer, got {seed!r}")
+    return int(seed) & SEED_MASK
 
 
 __all__ = ["GenerationResult", "GenerationStream", "SpeculativeModel", "StreamChunk", "asdict"]

@@ -19,7 +19,7 @@ import time
 from collections import Counter
 from pathlib import Path
 
-from drafttree.errors import DraftTreeError
+from drafttree.errors import DraftTreeError, positive_int
 
 
 def _threads(n: int | None) -> None:
@@ -33,7 +33,7 @@ def _add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default="smollm2-135m-instruct", help="built-in name, .gguf file, HF dir or hub id")
     p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"])
     p.add_argument("--device", default="auto", help="cpu, cuda, cuda:1 ... (auto: cuda if available)")
-    p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
+    p.add_argument("--threads", type=positive_int, default=None, help="torch CPU threads (default: torch's choice)")
 
 
 # ------------------------------------------------------------------------------------------ generate
@@ -57,11 +57,15 @@ def cmd_generate(args) -> int:
 
     import drafttree
     from drafttree.bench.metrics import first_difference
+    from drafttree.logprobs import check_top
 
     _threads(args.threads)
     if args.max_new_tokens <= 0:
         raise DraftTreeError(f"--max-new-tokens must be > 0, got {args.max_new_tokens}")
     drafttree.Sampling(args.temperature, args.top_p, args.top_k)  # validate before loading anything
+    check_top(args.logprobs)
+    if args.logprobs is not None and not args.json:
+        raise DraftTreeError("--logprobs needs --json (the log-probabilities are printed in the JSON object)")
     prompt = args.prompt
     if prompt == "-":
         prompt = sys.stdin.read()
@@ -76,7 +80,7 @@ def cmd_generate(args) -> int:
         seed = random.randrange(2**31)  # is the reference, token for token (noise.py)
     kw = dict(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_p=args.top_p,
               top_k=args.top_k, seed=seed, chat=not args.raw, stop=args.stop or None,
-              record_rounds=args.verbose)
+              record_rounds=args.verbose, logprobs=args.logprobs)
     if args.warmup:
         lm.generate(prompt, **{**kw, "max_new_tokens": min(8, args.max_new_tokens)})
     if args.stream and not args.json:
@@ -89,7 +93,7 @@ def cmd_generate(args) -> int:
         res = lm.generate(prompt, **kw)
     base = None
     if args.compare:
-        base = lm.generate(prompt, **{**kw, "method": "ar", "record_rounds": False})
+        base = lm.generate(prompt, **{**kw, "method": "ar", "record_rounds": False, "logprobs": None})
     if args.json:
         out = res.to_dict()
         if not args.tokens:
@@ -327,6 +331,8 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--stream", action="store_true", help="print tokens as they are accepted")
     g.add_argument("--json", action="store_true", help="print one JSON object")
     g.add_argument("--tokens", action="store_true", help="with --json: include the token ids")
+    g.add_argument("--logprobs", type=int, default=None, metavar="K",
+                   help="with --json: each token's log-probability under the target and its K likeliest alternatives")
     g.add_argument("--warmup", action="store_true", help="run a short untimed generation first")
     g.add_argument("--verbose", "-v", action="store_true", help="time split, tree sizes, drafter choices")
     g.add_argument("--depth", type=int, default=None, help="draft depth (tree/chain methods)")

@@ -14,6 +14,7 @@ import torch
 
 from drafttree.accept import Sampling, accept, sample_token
 from drafttree.drafters.base import Drafter, DraftRequest
+from drafttree.logprobs import TokenLogprob, token_logprobs
 from drafttree.noise import Noise
 from drafttree.target import TargetModel
 
@@ -34,6 +35,7 @@ class DecodeStats:
     wall_time: float = 0.0
     finish_reason: str = "length"
     rounds: list[dict] = field(default_factory=list)  # drafter notes per round (e.g. chosen depth)
+    logprobs: list[TokenLogprob] = field(default_factory=list)  # one per new token, when asked for (logprobs.py)
 
     @property
     def tau(self) -> float:
@@ -75,10 +77,12 @@ def decode(
     generator: torch.Generator | None = None,
     stats: DecodeStats | None = None,
     record_rounds: bool = False,
+    logprobs: int | None = None,
 ) -> Iterator[list[int]]:
     """Yield the new tokens of each step (the first from the prefill, then accepted drafts + next token).
 
     ``stats.wall_time`` counts time spent inside this generator only, not the consumer's time between steps.
+    ``logprobs=k``: each new token's log-probability and its k likeliest alternatives go to ``stats.logprobs``.
     """
     stats = stats if stats is not None else DecodeStats()
     watch = Stopwatch(stats, target.device)
@@ -90,6 +94,8 @@ def decode(
     watch.lap("time_draft")
     stats.target_forwards, stats.new_tokens = 1, 1
     stats.accept_lengths.append(1)
+    if logprobs is not None:
+        stats.logprobs += token_logprobs(pre.logits[-1:], [root], logprobs)
     context = prompt_ids.reshape(-1).tolist() + [root]
     yield [root]
     if root in eos_ids:
@@ -123,6 +129,8 @@ def decode(
                 new = new[: i + 1]
                 stats.finish_reason = "stop"
                 break
+        if logprobs is not None:  # path node i's logits chose the token after it
+            stats.logprobs += token_logprobs(out.logits[path], new, logprobs)
         context.extend(new)
         root = nxt
         stats.target_forwards += 1

@@ -105,9 +105,15 @@ def cpu_has_fast_bf16() -> bool:
 def resolve_device(device: str | torch.device | None) -> torch.device:
     if device in (None, "auto"):
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    dev = torch.device(device)
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, TypeError):
+        raise DraftTreeError(f"unknown device {device!r}: use auto, cpu, cuda or cuda:N") from None
     if dev.type == "cuda" and not torch.cuda.is_available():
         raise DraftTreeError("device 'cuda' was requested but no CUDA device is available")
+    if dev.type == "cuda" and dev.index is not None and dev.index >= torch.cuda.device_count():
+        raise DraftTreeError(f"device {device!r}: this machine has {torch.cuda.device_count()} CUDA device(s), "
+                             f"numbered from 0")
     return dev
 
 
@@ -201,7 +207,12 @@ def load_model(
     dt = resolve_dtype(dtype, dev)
     kind, loc = resolve_reference(ref)
     if kind == "gguf":
-        loc = str(converted_dir_for_gguf(Path(loc), show_progress))
+        try:
+            loc = str(converted_dir_for_gguf(Path(loc), show_progress))
+        except DraftTreeError:
+            raise
+        except Exception as e:  # a truncated or foreign file: whatever the GGUF reader raises, one line
+            raise DraftTreeError(f"could not read the GGUF file {loc}: {type(e).__name__}: {e}") from None
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()  # a cached load takes a second; its bar is noise
@@ -212,6 +223,9 @@ def load_model(
         if kind == "hub":
             raise DraftTreeError(f"could not load {ref!r} from the Hugging Face hub (offline?): {e}") from None
         raise DraftTreeError(f"could not load model from {loc}: {e}") from None
+    except (ValueError, KeyError) as e:  # an architecture transformers does not know, or not a causal LM
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise DraftTreeError(f"could not load model from {loc}: {first}") from None
     finally:
         hf_logging.enable_progress_bar()
     model.to(dev).eval()

@@ -23,6 +23,7 @@ from drafttree.batching.target import BatchTarget
 from drafttree.budget import BatchShare, CostModel
 from drafttree.decode import DecodeStats
 from drafttree.drafters.base import Drafter, DraftRequest
+from drafttree.logprobs import token_logprobs
 from drafttree.noise import Noise
 from drafttree.tree import DraftTree
 
@@ -38,6 +39,7 @@ class Sequence:
     eos_ids: frozenset[int] = frozenset()
     generator: torch.Generator | None = None  # seeds the row's noise (noise.py) at its prefill
     tag: object = None  # the caller's handle (e.g. a server request)
+    logprobs: int | None = None  # k: each new token's log-probability and k alternatives to stats.logprobs
     stats: DecodeStats = field(default_factory=DecodeStats)
     tokens: list[int] = field(default_factory=list)  # new tokens so far
     finished: bool = False
@@ -112,6 +114,8 @@ class BatchDecoder:
             seq.root = root
             self.active.append(seq)
             news.append(self._emit(seq, [root]))
+            if seq.logprobs is not None:
+                st.logprobs += token_logprobs(pre.logits[-1:], news[-1], seq.logprobs)
         self._joined = True
         if any(s.finished for s in seqs):
             self._drop_finished()
@@ -211,7 +215,10 @@ class BatchDecoder:
             st.target_forwards += 1
             st.accept_lengths.append(len(path))
             st.tree_sizes.append(tree.size)
-            results.append((seq, self._emit(seq, committed[1:] + [nxt])))
+            new = self._emit(seq, committed[1:] + [nxt])
+            if seq.logprobs is not None:  # path node i's logits chose the token after it
+                st.logprobs += token_logprobs(out.logits[path], new, seq.logprobs)
+            results.append((seq, new))
         wall = time.perf_counter() - t_round
         self.head_batch.record(wall, sum(len(p) for p, _ in accepted))
         self.policy.record(len(rows), drafting, sum(len(p) for p, _ in accepted), wall, measured=not self._joined)

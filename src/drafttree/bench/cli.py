@@ -16,6 +16,8 @@ import shlex
 import sys
 from pathlib import Path
 
+from drafttree.errors import positive_int
+
 
 class _RecordingParser(argparse.ArgumentParser):
     """Remembers the argument strings it parsed, so a run can record the exact command that produced it."""
@@ -106,7 +108,7 @@ def add_parser(sub) -> None:
     b.add_argument("--warmup", type=int, default=None, help="untimed runs before each method (default 2)")
     b.add_argument("--dtype", default=None, choices=["auto", "float32", "bfloat16", "float16"])
     b.add_argument("--device", default=None, help="cpu, cuda, ... (default auto)")
-    b.add_argument("--threads", type=int, default=None, help="torch CPU threads, fixed for the run")
+    b.add_argument("--threads", type=positive_int, default=None, help="torch CPU threads, fixed for the run")
     b.add_argument("--seed", type=int, default=None, help="base seed; each prompt's seed derives from it")
     b.add_argument("--out", default=None, help="run directory (default runs/bench-DATE)")
     b.add_argument("--overwrite", action="store_true", help="discard a previous run in --out instead of resuming")

@@ -86,7 +86,7 @@ class Service:
                                    code="request_too_large")
         try:
             return json.loads(data.decode("utf-8"))
-        except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        except (UnicodeDecodeError, ValueError, RecursionError) as e:  # ValueError: also ints over 4,300 digits
             raise bad_request(f"the request body is not valid JSON: {e}", code="invalid_json") from None
 
     def encode(self, req, chat: bool) -> torch.Tensor:
@@ -111,25 +111,51 @@ class Service:
         return ids
 
     def chunk(self, rid: str, chat: bool, created: int, text: str | None, finish: str | None, extra: dict,
-              first: bool = False) -> dict:
+              first: bool = False, logprobs: dict | None = None) -> dict:
         if chat:
             delta = {} if text is None else {"content": text}
             if first:
                 delta = {"role": "assistant", **delta}
-            choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
+            choice = {"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish}
         else:
-            choice = {"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish}
+            choice = {"index": 0, "text": text or "", "logprobs": logprobs, "finish_reason": finish}
         return {"id": rid, "object": "chat.completion.chunk" if chat else "text_completion", "created": created,
                 "model": self.model_name, "choices": [choice], **extra}
 
     def completion(self, res: dict, chat: bool, rid: str) -> dict:
+        lps = None if res["logprobs"] is None else self.logprobs(res["logprobs"], chat)
         if chat:
-            choice = {"index": 0, "message": {"role": "assistant", "content": res["text"]}, "logprobs": None,
+            choice = {"index": 0, "message": {"role": "assistant", "content": res["text"]}, "logprobs": lps,
                       "finish_reason": res["finish_reason"]}
         else:
-            choice = {"index": 0, "text": res["text"], "logprobs": None, "finish_reason": res["finish_reason"]}
+            choice = {"index": 0, "text": res["text"], "logprobs": lps, "finish_reason": res["finish_reason"]}
         return {"id": rid, "object": "chat.completion" if chat else "text_completion", "created": int(time.time()),
                 "model": self.model_name, "choices": [choice], "usage": usage(res), "drafttree": res["drafttree"]}
+
+
+    def logprobs(self, entries: list, chat: bool) -> dict:
+        """OpenAI's logprobs object for these (TokenLogprob, text offset) pairs: chat's ``content`` list, or the
+        completions route's parallel lists. A token's text is its own decoding (a token holding part of a UTF-8
+        character reads as U+FFFD); -inf is reported as -9999.0, as OpenAI does (JSON has no infinities)."""
+        tok = self.sm.tokenizer
+
+        def piece(t: int) -> str:
+            return tok.decode([t], skip_special_tokens=False)
+
+        def finite(lp: float) -> float:
+            return max(lp, -9999.0)
+
+        if chat:
+            def item(t: int, lp: float) -> dict:
+                s = piece(t)
+                return {"token": s, "logprob": finite(lp), "bytes": list(s.encode("utf-8"))}
+            content = [{**item(e.token, e.logprob), "top_logprobs": [item(t, lp) for t, lp in e.top]}
+                       for e, _ in entries]
+            return {"content": content, "refusal": None}
+        return {"tokens": [piece(e.token) for e, _ in entries],
+                "token_logprobs": [finite(e.logprob) for e, _ in entries],
+                "top_logprobs": [{piece(t): finite(lp) for t, lp in e.top} for e, _ in entries],
+                "text_offset": [offset for _, offset in entries]}
 
 
 def usage(res: dict) -> dict:
@@ -229,7 +255,7 @@ async def complete(svc: Service, request: Request, chat: bool):
     except DraftTreeError as e:
         raise bad_request(str(e)) from e
     job = Job(ids, req.method or svc.sm.method, sampling, params["max_new_tokens"], params["stop"], params["seed"],
-              asyncio.get_running_loop())
+              asyncio.get_running_loop(), logprobs=params["logprobs"])
     try:
         svc.scheduler.submit(job)
     except QueueFull as e:
@@ -273,9 +299,10 @@ async def sse(svc: Service, job: Job, event, chat: bool, rid: str):
     try:
         while True:
             if event[0] == "chunk":
-                _, text, accepted, step = event
+                _, text, accepted, step, entries = event
                 stats = {"drafttree": {"step": step, "accepted": accepted}}
-                yield data(svc.chunk(rid, chat, created, text, None, stats, first=n == 0))
+                lps = None if entries is None else svc.logprobs(entries, chat)
+                yield data(svc.chunk(rid, chat, created, text, None, stats, first=n == 0, logprobs=lps))
                 n += 1
             elif event[0] == "done":
                 res = event[1]

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import sys
 
-from drafttree.errors import DraftTreeError
+from drafttree.errors import DraftTreeError, positive_int
 
 
 def cmd_serve(args) -> int:
@@ -69,7 +69,7 @@ def add_parser(sub) -> None:
     s.add_argument("--device", default="auto", help="cpu, cuda, cuda:1 ... (auto: cuda if available)")
     s.add_argument("--host", default="127.0.0.1", help="address to listen on (0.0.0.0 for every interface)")
     s.add_argument("--port", type=int, default=8000, help="TCP port (0 picks a free one)")
-    s.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
+    s.add_argument("--threads", type=positive_int, default=None, help="torch CPU threads (default: torch's choice)")
     s.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' on /v1 routes "
                                                     "(default: $DRAFTTREE_API_KEY; none = open, loopback only)")
     s.add_argument("--max-batch", type=int, default=16, help="requests decoded together (rows per forward)")

@@ -31,8 +31,9 @@ class QueueFull(Exception):
 
 @dataclass(eq=False)
 class Job:
-    """One request's generation and the channel its events go to (``("chunk", text, n_tokens, step)``,
-    ``("done", result_dict)`` or ``("error", status, message)``), thread-safe towards its event loop."""
+    """One request's generation and the channel its events go to (``("chunk", text, n_tokens, step, logprobs)``,
+    ``("done", result_dict)`` or ``("error", status, message)``), thread-safe towards its event loop; ``logprobs``:
+    the chunk's tokens' :class:`~drafttree.logprobs.TokenLogprob` entries when the request asked for them, else None."""
 
     ids: torch.Tensor
     method: str
@@ -46,6 +47,9 @@ class Job:
     text: TextAssembler | None = None
     steps: int = 0
     cancelled: bool = False
+    logprobs: int | None = None  # alternatives per token, when the request asked for log-probabilities
+    reported: int = 0  # tokens whose log-probabilities went out ...
+    offset: int = 0  # ... and where the next one's text begins
 
     def push(self, *event) -> None:
         self.loop.call_soon_threadsafe(self.events.put_nowait, event)
@@ -98,7 +102,8 @@ class Scheduler:
         gen = torch.Generator(device=sm.target.device)
         gen.manual_seed(job.seed if job.seed is not None else random.randrange(2**63))
         job.seq = Sequence(job.ids.to(sm.target.device), drafter, job.sampling, job.max_new_tokens,
-                           frozenset(sm.eos_ids), gen, tag=job)
+                           frozenset(sm.eos_ids), gen, tag=job, logprobs=job.logprobs)
+        job.reported = job.offset = 0
         job.text = TextAssembler(sm.tokenizer, job.stops)
 
     def _start_all(self, jobs: list[Job]) -> None:
@@ -144,18 +149,52 @@ class Scheduler:
             seq._finish("stop")
         if new or delta:
             job.steps += 1
-            job.push("chunk", delta, len(new), job.steps)
+            job.push("chunk", delta, len(new), job.steps, self._logprobs(job, seq.finished))
         if seq.finished:
-            rest = job.text.finish()
-            if rest:
-                job.push("chunk", rest, 0, job.steps)
+            rest, lps = job.text.finish(), self._logprobs(job, True)
+            if rest or lps:
+                job.push("chunk", rest, 0, job.steps, lps)
             self.pool[job.method].append(seq.drafter)
             self.served += 1
             job.push("done", self._result(job))
 
+    def _kept(self, job: Job) -> int:
+        """Tokens of the answer that count: all of them, or where a stop string cut the text, those that begin
+        before it (a token the stop string starts inside is kept)."""
+        tokens, stop = job.text.tokens, job.text.stopped_at
+        if stop is None:
+            return len(tokens)
+        n = len(tokens)
+        while n > 0 and len(self.sm.tokenizer.decode(tokens[: n - 1], skip_special_tokens=True)) >= stop:
+            n -= 1
+        return n
+
+    def _logprobs(self, job: Job, final: bool) -> list | None:
+        """(entry, text offset) of the tokens not yet reported whose text went out (all that count, once ``final``;
+        text held back for a stop string holds back its tokens' entries too); EOS tokens are not reported."""
+        if job.logprobs is None:
+            return None
+        tokens, entries, out = job.text.tokens, job.seq.stats.logprobs, []
+        end = min(self._kept(job) if final else len(tokens), len(entries))
+        shown = len(job.text.emitted)
+        while job.reported < end:
+            i = job.reported
+            after = len(self.sm.tokenizer.decode(tokens[: i + 1], skip_special_tokens=True))
+            if not final and after > shown:
+                break
+            if tokens[i] not in self.sm.eos_ids:
+                out.append((entries[i], job.offset))
+            job.reported, job.offset = i + 1, after
+        return out
+
     def _result(self, job: Job) -> dict:
         s = job.seq.stats
+        lps = None
+        if job.logprobs is not None:  # every entry that counts, with its text offset
+            job.reported = job.offset = 0
+            lps = self._logprobs(job, True)
         return {"text": job.text.text, "prompt_tokens": int(job.ids.numel()), "completion_tokens": s.new_tokens,
+                "logprobs": lps,
                 "finish_reason": "stop" if s.finish_reason == "stop" else "length",
                 "drafttree": {"method": job.method, "tau": round(s.tau, 4), "target_forwards": s.target_forwards,
                               "tokens_per_second": round(s.tokens_per_second, 3),

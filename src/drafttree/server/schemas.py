@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from drafttree.server.requests import parse_prompt
 
@@ -40,7 +40,6 @@ class GenerationParams(BaseModel):
     stop: Any = Field(None, description="a string or up to 16 strings that end the completion")
     stream: bool | None = Field(None, description="Server-Sent Events, one event per target forward")
     method: str | None = Field(None, description="drafting method (GET /v1/drafttree/methods); default: the server's")
-    logprobs: Any = None
     echo: Any = None
     suffix: Any = None
 
@@ -56,7 +55,7 @@ class GenerationParams(BaseModel):
             raise ValueError(f"at most {MAX_STOPS} stop strings")
         return v
 
-    @field_validator("logprobs", "echo", "suffix", mode="before")
+    @field_validator("echo", "suffix", mode="before")
     @classmethod
     def _unsupported(cls, v):
         if v:
@@ -73,15 +72,41 @@ class GenerationParams(BaseModel):
         return {"max_new_tokens": self.max_completion_tokens or self.max_tokens or DEFAULT_MAX_TOKENS,
                 "temperature": DEFAULT_TEMPERATURE if self.temperature is None else self.temperature,
                 "top_p": 1.0 if self.top_p is None else self.top_p, "top_k": self.top_k or 0,
-                "stop": self.stop or [], "seed": self.seed}
+                "stop": self.stop or [], "seed": self.seed, "logprobs": self.logprob_count()}
+
+    def logprob_count(self) -> int | None:
+        """Alternatives per token to report with each token's log-probability; None: no logprobs."""
+        return None
 
 
 class ChatRequest(GenerationParams):
     messages: list[Message] = Field(min_length=1)
+    logprobs: bool | None = Field(None, description="each token's log-probability under the target (raw logits)")
+    top_logprobs: int | None = Field(None, ge=0, le=20, description="the likeliest alternatives per token "
+                                                                     "(needs logprobs)")
+
+    @model_validator(mode="after")
+    def _top_needs_logprobs(self):
+        if self.top_logprobs and not self.logprobs:  # OpenAI's rule
+            raise ValueError("top_logprobs needs logprobs: true")
+        return self
+
+    def logprob_count(self) -> int | None:
+        return (self.top_logprobs or 0) if self.logprobs else None
 
 
 class CompletionRequest(GenerationParams):
     prompt: str | list[int] | list[str] = Field(description="text, or a list of token ids (no chat template)")
+    logprobs: int | None = Field(None, ge=0, le=5, description="each token's log-probability under the target "
+                                                                 "and this many likeliest alternatives")
+
+    @field_validator("logprobs", mode="before")
+    @classmethod
+    def _false_is_off(cls, v):
+        return None if v is False else v  # some clients send "logprobs": false for "none"
+
+    def logprob_count(self) -> int | None:
+        return self.logprobs
 
     @field_validator("prompt", mode="before")
     @classmethod

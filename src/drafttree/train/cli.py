@@ -6,7 +6,7 @@ import argparse
 import json
 from dataclasses import fields
 
-from drafttree.errors import DraftTreeError
+from drafttree.errors import DraftTreeError, positive_int
 
 
 def _add_config_args(p: argparse.ArgumentParser, cls, skip: tuple[str, ...]) -> None:
@@ -89,7 +89,7 @@ def add_parser(sub) -> None:
     t.add_argument("--model", default="smollm2-135m-instruct", help="the target the features came from")
     t.add_argument("--dtype", default="bfloat16", help="the target's dtype (the head trains in float32)")
     t.add_argument("--device", default="auto", help="cpu, cuda, cuda:N or auto")
-    t.add_argument("--threads", type=int, default=None, help="CPU threads (default: torch's choice)")
+    t.add_argument("--threads", type=positive_int, default=None, help="CPU threads (default: torch's choice)")
     t.add_argument("--resume", action="store_true", help="continue the run in --out after a crash or kill")
     _add_config_args(t, TrainConfig, skip=("features", "out"))
     t.set_defaults(func=cmd_train)
@@ -100,7 +100,7 @@ def add_parser(sub) -> None:
     e.add_argument("--model", default="smollm2-135m-instruct")
     e.add_argument("--dtype", default="float32")
     e.add_argument("--device", default="auto")
-    e.add_argument("--threads", type=int, default=None)
+    e.add_argument("--threads", type=positive_int, default=None)
     e.add_argument("--eval-samples", type=int, default=64)
     e.add_argument("--eval-after", type=int, default=0, help="held-out samples drawn from this index on, as in "
                    "`drafttree train --eval-after`")

@@ -24,7 +24,7 @@ import torch
 from safetensors.torch import load_file, save_file
 from tqdm import tqdm
 
-from drafttree.errors import DraftTreeError
+from drafttree.errors import DraftTreeError, positive_int
 from drafttree.heads.length import LengthPredictor
 from drafttree.train.data import load_feature_dir
 from drafttree.train.unroll import chain_checks, collate, group_by_length, split_samples
@@ -164,7 +164,7 @@ def add_length_parser(sub) -> None:
     p.add_argument("--dtype", default="auto", help="the target's dtype (auto: bfloat16 where its products are "
                    "fast, else float32: torch's bf16 products on other CPUs run ~50-100x slower)")
     p.add_argument("--device", default="auto")
-    p.add_argument("--threads", type=int, default=None)
+    p.add_argument("--threads", type=positive_int, default=None)
     p.add_argument("--k-max", type=int, default=8)
     p.add_argument("--lam", type=float, default=3.0, help="under-prediction penalty (asymmetric L1)")
     p.add_argument("--epochs", type=int, default=8)
