@@ -312,6 +312,26 @@ def test_the_rotary_wrapper_takes_the_kernel_only_for_the_plain_call():
                      ((), {"unsqueeze_dim": 1, "position_ids": None}), ((None,), {})]
 
 
+@needs_kernel
+def test_the_rotary_wrapper_leaves_long_inputs_to_torch():
+    """A prompt's tokens take torch's vectorised ops (the kernel is one thread's loop); a step's few take the kernel.
+    Both give the same bits (test_rotary_gives_bitwise_what_the_modeling_code_gives)."""
+    calls = []
+
+    def original(q, k, cos, sin, *args, **kwargs):
+        calls.append(q.shape[2])
+        return q, k
+
+    wrapped = layers._kernel_rotary(original)
+    n = layers.ROTARY_KERNEL_MAX_TOKENS
+    with torch.no_grad(), fast_linears(torch.nn.Linear(2, 2)):
+        for t in (n, n + 1, 300):
+            q, k = torch.randn(1, 4, t, 16), torch.randn(1, 2, t, 16)
+            cos, sin = torch.randn(1, t, 16), torch.randn(1, t, 16)
+            wrapped(q, k, cos, sin)
+    assert calls == [n + 1, 300]
+
+
 class _Counting:
     """The extension, counting the calls of each kernel."""
 
