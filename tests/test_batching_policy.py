@@ -99,3 +99,39 @@ def test_in_a_batch_a_node_must_beat_the_batchs_rate_not_its_rows():
         # 15 other rows, one token each last round: (16 + p) / 1.65 beats 16 / 1.6 only when p > 16 * 0.05 / 1.6 = 0.5
         budget.cost = BatchShare(curve, 15, 16, others_tokens=15.0)
         assert budget.choose_total(scores, 0.0) == batched
+
+
+def test_a_batchs_measured_excess_and_a_rows_context_move_its_bar():
+    """What the curve does not see changes which nodes pay in a batch. The forward measured 2.0 where the curve says
+    1.6 (each row attends over its own context): a 0.45 node then pays, since (16 + p) / 2.05 > 16 / 2.0 once
+    p > 16 * 0.05 / 2.0 = 0.4 (on the curve alone the bar is 0.5). A row over a long context pays 0.03 more per node
+    for attending over it: its bar is 16 * 0.08 / 2.0 = 0.64, so a 0.6 node is not verified. By hand, as above."""
+    import math
+
+    import torch
+
+    from drafttree.budget import BatchShare, CostModel, TreeBudget
+
+    curve = CostModel([1, 2, 16, 17, 18], [1.0, 1.05, 1.6, 1.65, 1.7])
+    budget = TreeBudget(curve, max_total=8, min_total=1)
+    cases = ((0.45, 0.0, 0.0, 1), (0.45, 0.4, 0.0, 2), (0.6, 0.4, 0.03, 1), (0.7, 0.4, 0.03, 2))
+    for p, fixed, per_node, size in cases:
+        budget.cost = BatchShare(curve, 15, 16, others_tokens=15.0, fixed=fixed, per_node=per_node)
+        assert budget.choose_total(torch.tensor([math.log(p)], dtype=torch.float64), 0.0) == size, (p, fixed, per_node)
+    share = BatchShare(curve, 15, 16, fixed=0.4, per_node=0.03)
+    ns = torch.arange(1, 40)
+    assert share.verify_many(ns).tolist() == pytest.approx([share.verify(int(n)) for n in ns], rel=1e-12)
+
+
+def test_the_batch_decoder_learns_its_forwards_excess_over_the_curve():
+    """Per row, a decayed mean of (forward time - curve at its tokens), never below zero."""
+    from drafttree.batching.decode import BatchDecoder
+    from drafttree.budget import CostModel
+
+    curve = CostModel([1, 2, 16, 17, 18], [1.0, 1.05, 1.6, 1.65, 1.7])
+    dec = BatchDecoder(target=None, cost=curve)
+    assert dec.excess_per_row is None
+    dec._measure_excess(2.0, 16, 16)
+    assert dec.excess_per_row == pytest.approx(0.4 / 16)
+    dec._measure_excess(1.0, 16, 16)  # faster than the curve: counts as no excess
+    assert dec.excess_per_row == pytest.approx(0.8 * 0.4 / 16)

@@ -167,7 +167,27 @@ BAD = [
     ({"messages": MESSAGES, "logprobs": "yes"}, "logprobs"),
     ({"messages": MESSAGES, "logprobs": True, "top_logprobs": 21}, "top_logprobs"),
     ({"messages": MESSAGES, "temperature": 1e-300}, None),  # Sampling's check: logits / t would overflow
+    # fields that would change the output are refused, not ignored (their no-op values pass: NO_OPS below)
+    ({"messages": MESSAGES, "frequency_penalty": 0.5}, "frequency_penalty"),
+    ({"messages": MESSAGES, "presence_penalty": -1}, "presence_penalty"),
+    ({"messages": MESSAGES, "repetition_penalty": 1.2}, "repetition_penalty"),
+    ({"messages": MESSAGES, "logit_bias": {"42": 100}}, "logit_bias"),
+    ({"messages": MESSAGES, "response_format": {"type": "json_object"}}, "response_format"),
+    ({"messages": MESSAGES, "tools": [{"type": "function", "function": {"name": "f"}}]}, "tools"),
+    ({"messages": MESSAGES, "tool_choice": "auto"}, "tool_choice"),
+    ({"messages": MESSAGES, "frequency_penalty": False}, "frequency_penalty"),
 ]
+
+NO_OPS = {"frequency_penalty": 0, "presence_penalty": 0.0, "repetition_penalty": 1.0, "logit_bias": {},
+          "response_format": {"type": "text"}, "tools": [], "tool_choice": "none", "model": "any-name", "user": "u1"}
+
+
+def test_openai_defaults_that_change_nothing_are_accepted(server):
+    """What OpenAI clients send by default passes, and the answer is the greedy answer without them."""
+    body = {"messages": MESSAGES, "max_tokens": 6, "temperature": 0}
+    plain = post(server, "/v1/chat/completions", body)[1]["choices"][0]["message"]["content"]
+    status, out = post(server, "/v1/chat/completions", {**body, **NO_OPS})
+    assert status == 200 and out["choices"][0]["message"]["content"] == plain
 
 
 @pytest.mark.parametrize("body,param", BAD)

@@ -141,16 +141,21 @@ class BatchShare:
     others: int
     rows: int
     others_tokens: float = 0.0  # tokens the other rows are expected to commit this round (their roots at least)
+    # what the curve does not see (BatchDecoder measures it): ``fixed`` seconds the batch's forward took beyond the
+    # curve at its token count (every row attends over its own context: a 16-row forward ~5 ms more than one
+    # 16-token tree on this CPU), and ``per_node`` seconds each of this row's nodes adds by attending over its context
+    fixed: float = 0.0
+    per_node: float = 0.0
 
     @property
     def extra_tokens(self) -> float:
         return self.others_tokens
 
     def verify(self, n: int) -> float:
-        return self.base.verify_in_batch(self.others + n)
+        return self.base.verify_in_batch(self.others + n) + self.fixed + self.per_node * n
 
     def verify_many(self, ns: torch.Tensor) -> torch.Tensor:
-        return self.base.verify_many_in_batch(ns + self.others)
+        return self.base.verify_many_in_batch(ns + self.others) + self.fixed + self.per_node * ns.to(torch.float64)
 
 
 PRUNE_RULES = ("best", "all")
@@ -206,13 +211,15 @@ def least_slope(cost, n_max: int) -> float:
     """min over n = 1..n_max of (verify(1 + n) - verify(1)) / n: the cheapest a token can come in a tree of up
     to n_max nodes on top of the root (memoised per curve and batch: it is asked once per row per round)."""
     base = getattr(cost, "base", cost)
-    key = (tuple(base.sizes), tuple(base.seconds), getattr(cost, "others", 0), n_max)
+    others = getattr(cost, "others", None)
+    key = (tuple(base.sizes), tuple(base.seconds), others, n_max)
     if key not in _SLOPES:
         if len(_SLOPES) > 4096:
             _SLOPES.clear()
-        v1 = cost.verify(1)
-        _SLOPES[key] = min((cost.verify(1 + n) - v1) / n for n in range(1, max(2, n_max + 1)))
-    return _SLOPES[key]
+        curve = base if others is None else BatchShare(base, others, 2)  # a share's fixed part cancels here
+        v1 = curve.verify(1)
+        _SLOPES[key] = min((curve.verify(1 + n) - v1) / n for n in range(1, max(2, n_max + 1)))
+    return _SLOPES[key] + getattr(cost, "per_node", 0.0)  # a row's per-node cost adds to every slope
 
 
 # bump when the verify path or the measurement changes (2: grouped tree attention, 3: small-GEMM kernel, 4: cost per

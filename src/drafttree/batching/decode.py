@@ -66,6 +66,9 @@ class BatchDecoder:
         self.policy = policy if policy is not None else AlwaysDraft()
         self.active: list[Sequence] = []
         self._joined = False  # a row joined since the last round (that round also pays for the cache growing)
+        # seconds per row a batch's forward took beyond the curve at its token count (decayed mean of rounds no row
+        # joined): each row attends over its own context, which the curve, measured on one sequence, does not see
+        self.excess_per_row: float | None = None
         self.head_batch = head_batch if head_batch is not None else HeadBatch()
 
     @property
@@ -138,6 +141,18 @@ class BatchDecoder:
         self.active = [self.active[i] for i in order]
         return [(s, []) for s in cancelled]
 
+    measure_excess = True  # False: batched rows size trees on the curve alone (the rule until stop 55)
+    EXCESS_DECAY = 0.8
+
+    def _measure_excess(self, seconds: float, tokens: int, rows: int) -> None:
+        """Learn what a batch's forward costs beyond the curve at its token count, per row. A row sizing its tree
+        adds what its own nodes cost by attending over its context (``BatchShare.per_node``): the margin that decides
+        a node; what the forward measured (the other rows' attention included) is the round every node is weighed
+        against."""
+        over = max(0.0, (seconds - self.cost.verify_in_batch(tokens)) / rows)
+        prev = self.excess_per_row
+        self.excess_per_row = over if prev is None else self.EXCESS_DECAY * prev + (1 - self.EXCESS_DECAY) * over
+
     def _head_pass(self, rows: list[Sequence], plans: list) -> dict[int, float]:
         """Draft the heads of the batched rows together (``HeadBatch``); returns each drafted row's share of it."""
         if len(rows) < 2:
@@ -172,10 +187,13 @@ class BatchDecoder:
         trees, draft_times = [], []
         drafting = self.policy.choose(len(rows))
         plans = []
+        fixed = len(rows) * (self.excess_per_row or 0.0) if self.measure_excess else 0.0
+        per_key = getattr(self.cost, "per_key", 0.0) if self.measure_excess else 0.0
+        past = getattr(self.cost, "context", 0)  # the curve's own context (its forwards attend over that many keys)
         for i, seq in enumerate(rows):
             batched = self.cost is not None and len(rows) > 1
-            cost = (BatchShare(self.cost, total - sizes[i], len(rows), float(all_committed - committed[i]))
-                    if batched else None)
+            cost = (BatchShare(self.cost, total - sizes[i], len(rows), float(all_committed - committed[i]), fixed,
+                               per_key * max(0, tgt.lens[i] - past)) if batched else None)
             depth = min(seq.max_new_tokens - seq.stats.new_tokens - 1, tgt.max_positions - tgt.lens[i] - 2)
             plans.append((cost, max(0, depth)))
         pass_share = self._head_pass(rows, plans) if drafting else {}
@@ -197,6 +215,8 @@ class BatchDecoder:
         t_verify = time.perf_counter() - t0
         if len(rows) == 1:  # a row alone: its forward is a lone sequence's, whose time corrects its curve
             rows[0].drafter.verified(trees[0].size, len(rows[0].context), t_verify)
+        elif self.cost is not None and not self._joined:
+            self._measure_excess(t_verify, sum(t.size for t in trees), len(rows))
         best = [None] * len(rows)
         if any(s.sampling.greedy for s in rows):  # one argmax over every row's logits (they are one tensor)
             best = greedy_tokens(tgt.last_logits).split([t.size for t in trees])

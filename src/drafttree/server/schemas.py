@@ -42,6 +42,15 @@ class GenerationParams(BaseModel):
     method: str | None = Field(None, description="drafting method (GET /v1/drafttree/methods); default: the server's")
     echo: Any = None
     suffix: Any = None
+    # OpenAI fields that would change what is generated: accepted at their no-op values (clients send them by default),
+    # refused otherwise, never silently ignored: the server samples the target's own distribution
+    frequency_penalty: Any = None
+    presence_penalty: Any = None
+    repetition_penalty: Any = None  # vLLM's extension
+    logit_bias: Any = None
+    response_format: Any = None
+    tools: Any = None
+    tool_choice: Any = None
 
     @field_validator("stop", mode="before")
     @classmethod
@@ -61,6 +70,17 @@ class GenerationParams(BaseModel):
         if v:
             raise ValueError("is not supported by this server")
         return v
+
+    @field_validator("frequency_penalty", "presence_penalty", "repetition_penalty", "logit_bias", "response_format",
+                     "tools", "tool_choice", mode="before")
+    @classmethod
+    def _changes_output(cls, v, info):
+        no_op = {"frequency_penalty": (0,), "presence_penalty": (0,), "repetition_penalty": (1,), "logit_bias": ({},),
+                 "response_format": ({"type": "text"},), "tools": ([],), "tool_choice": ("none",)}[info.field_name]
+        if v is None or (not isinstance(v, bool) and any(v == ok and type(v) is not bool for ok in no_op)):
+            return v
+        raise ValueError(f"only {no_op[0]!r} is supported here: other values would change what the target "
+                         "generates, and drafttree samples the target's own distribution exactly")
 
     @field_validator("seed", mode="after")
     @classmethod
