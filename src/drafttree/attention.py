@@ -73,6 +73,7 @@ class PromptRows:
     prompt's tokens at once (a product of many rows runs near the GEMM's peak, one of a short prompt far below)."""
 
     starts: list[int]
+    first: int = 0  # the cache row of the first prompt (a batch's newcomers join after its rows)
 
 
 def kernel_for(device: torch.device, dtype: torch.dtype):
@@ -98,7 +99,7 @@ def row_runs(runs: list[RowRun] | None, packed: PackedRows | None = None, prompt
 def _prompt_rows(module, query, key, value, prompts: PromptRows, dropout, scaling, kwargs):
     """Each prompt's queries over its own row's keys, causal: the call a prefill of the prompt alone makes."""
     outs = []
-    for r, (a, b) in enumerate(zip(prompts.starts, prompts.starts[1:])):
+    for r, (a, b) in enumerate(zip(prompts.starts, prompts.starts[1:]), start=prompts.first):
         outs.append(sdpa_attention_forward(module, query[:, :, a:b], key[r:r + 1, :, : b - a],
                                            value[r:r + 1, :, : b - a], None, dropout=dropout, scaling=scaling,
                                            **kwargs)[0])
@@ -163,7 +164,7 @@ def grouped_sdpa(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor
             t0 += t
         return torch.cat(outs, dim=1), None
     prompts = getattr(_local, "prompts", None)
-    if (prompts is not None and query.shape[0] == 1 and key.shape[0] == len(prompts.starts) - 1
+    if (prompts is not None and query.shape[0] == 1 and key.shape[0] == prompts.first + len(prompts.starts) - 1
             and query.shape[2] == prompts.starts[-1]):
         return _prompt_rows(module, query, key, value, prompts, dropout, scaling, kwargs)
     scale = scaling if scaling is not None else query.shape[-1] ** -0.5

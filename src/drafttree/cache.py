@@ -41,7 +41,9 @@ class GrowingLayer(DynamicLayer):
         # set by a batch: the (row, slot) each new state goes to, shaped like the forward's [batch, tokens]
         self.scatter: tuple[torch.Tensor, torch.Tensor] | None = None
         self.row_end = 0  # ... and the slot after the last of them (a host int: no device sync per layer)
-        self.new_rows = 0  # rows a first scattered forward fills (several prompts prefilled together)
+        # (rows in use after, rows to have room for, slots to have room for): rows that the next scattered forward
+        # fills at the end of a batch's cache (a packed prefill of newcomers, written where they will decode)
+        self.joining: tuple[int, int, int] | None = None
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
         if not self.is_initialized:
@@ -63,9 +65,8 @@ class GrowingLayer(DynamicLayer):
         attend over their own). The forward may hold one row per batch entry or all rows' trees packed in one."""
         index, slots = self.scatter
         need = max(self._len, self.row_end)
-        if self._k is None and self.new_rows:
-            shape = (self.new_rows, key_states.shape[1], need, key_states.shape[-1])
-            self._k, self._v = key_states.new_zeros(shape), value_states.new_zeros(shape[:-1] + value_states.shape[-1:])
+        if self.joining is not None:
+            self._open_rows(key_states, value_states, need)
         if self._k is None:
             raise RuntimeError("a batched forward scatters into rows added before it (add_row)")
         self._reserve(self._k[..., :0, :], self._v[..., :0, :], need)
@@ -74,6 +75,23 @@ class GrowingLayer(DynamicLayer):
         self._len = need
         self._set_views()
         return self.keys, self.values
+
+    def _open_rows(self, key_states: torch.Tensor, value_states: torch.Tensor, need: int) -> None:
+        """Put the joining rows in use, with room for ``joining``'s rows and slots (one new buffer, zeros, only when
+        the old one is too small: rows in use keep their states)."""
+        after, rows_for, slots_for = self.joining
+        self.joining = None
+        rows = 0 if self._k is None else (self._k.shape[0] if self._rows is None else self._rows)
+        if self._k is None or after > self._k.shape[0] or max(need, slots_for) > self._k.shape[-2]:
+            cap_rows = max(after, rows_for, 0 if self._k is None else self._k.shape[0])
+            cap = max(need, slots_for, 0 if self._k is None else self._k.shape[-2])
+            heads, dim, vdim = key_states.shape[1], key_states.shape[-1], value_states.shape[-1]
+            nk, nv = key_states.new_zeros(cap_rows, heads, cap, dim), value_states.new_zeros(cap_rows, heads, cap, vdim)
+            if rows and self._len:
+                nk[:rows, ..., : self._len, :] = self._k[:rows, ..., : self._len, :]
+                nv[:rows, ..., : self._len, :] = self._v[:rows, ..., : self._len, :]
+            self._k, self._v = nk, nv
+        self._rows = after
 
     def _set_views(self) -> None:
         k, v = (self._k, self._v) if self._rows is None else (self._k[: self._rows], self._v[: self._rows])
@@ -187,12 +205,18 @@ class GrowingCache(DynamicCache):
         for mine, theirs in zip(self.layers, other.layers):
             mine.add_row(theirs, row, length, rows_for, slots_for)
 
-    @classmethod
-    def for_prompts(cls, layers: int, rows: int) -> GrowingCache:
-        """An empty cache whose first forward scatters ``rows`` prompts into rows of their own (set_scatter)."""
-        cache = cls()
-        for _ in range(layers):
-            layer = GrowingLayer()
-            layer.new_rows = rows
-            cache.layers.append(layer)
-        return cache
+    def join_rows(self, layers: int, after: int, rows_for: int = 0, slots_for: int = 0) -> None:
+        """The next scattered forward fills new rows at the end, ``after`` rows in use then (see
+        :meth:`GrowingLayer._open_rows`); the buffer keeps room for ``rows_for`` rows of ``slots_for`` slots."""
+        while len(self.layers) < layers:
+            self.layers.append(GrowingLayer())
+        for layer in self.layers:
+            layer.joining = (after, rows_for, slots_for)
+
+    def close_rows(self, rows: int, length: int) -> None:
+        """Undo a :meth:`join_rows` whose forward failed: ``rows`` rows in use, ``length`` slots."""
+        for layer in self.layers:
+            layer.joining = None
+            if layer._k is not None:
+                layer._rows, layer._len = rows, min(layer._len, length)
+                layer._set_views()

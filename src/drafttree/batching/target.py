@@ -113,24 +113,31 @@ class BatchTarget:
         for n in lens:
             starts.append(starts[-1] + n)
         positions = torch.cat([torch.arange(n, device=dev) for n in lens])[None]
-        row = torch.repeat_interleave(torch.arange(len(ids), device=dev), torch.tensor(lens, device=dev))
-        cache = GrowingCache.for_prompts(len(self.model.base_model.layers), len(ids))
+        # the prompts' states go straight to the rows they will decode in, after the batch's rows (no prompt cache
+        # copied row by row: at 64 users that and its buffers were ~a quarter of the prefill)
+        first = self.rows
+        row = first + torch.repeat_interleave(torch.arange(len(ids), device=dev), torch.tensor(lens, device=dev))
+        if self.cache is None:
+            self.cache = GrowingCache()
+        cache, length = self.cache, self._slots()
+        cache.join_rows(len(self.model.base_model.layers), first + len(ids), *need)
         cache.set_scatter(row[None], positions, max(lens))
         try:
-            with row_runs(None, None, PromptRows(starts)):
+            with row_runs(None, None, PromptRows(starts, first)):
                 out, aux = run_with_features(self.model, self.feature_layers, input_ids=torch.cat(ids)[None],
                                              attention_mask=None, position_ids=positions, use_cache=True,
                                              **{cache_arg(self.model.base_model): cache})
+        except BaseException:
+            cache.close_rows(first, length)  # the rows before keep their states; the newcomers never joined
+            if not first:
+                self.cache = None
+            raise
         finally:
             cache.set_scatter(None)
         hidden = out.last_hidden_state[0]
         feats = hidden if aux is None else aux[0]
         logits = self.single.logits(hidden[[b - 1 for b in starts[1:]]])
-        if self.cache is None:
-            self.cache = GrowingCache()
-        for r, n in enumerate(lens):
-            self.cache.add_row(cache, r, n, *need)
-            self.lens.append(n)
+        self.lens += lens
         return [ForwardOutput(logits=logits[r:r + 1], features=feats[a:b])
                 for r, (a, b) in enumerate(zip(starts, starts[1:]))]
 
