@@ -1,8 +1,12 @@
 """Incremental detokenisation with stop strings: the text a stream may show after each step.
 
-Text is re-decoded from all tokens (tokenizers merge bytes across tokens), a trailing replacement character
-(half of a multi-byte character) is held back, and so are the last ``len(longest stop) - 1`` characters, which
-a stop string completed by the next step could still swallow.
+Each step decodes a window of the last tokens, not all of them (tokenizers merge bytes across tokens, so a window
+starts a few tokens back, at a point where the text so far ended on a whole character): the text of the tokens
+before the window is kept, and the window's text past its own first part is appended. Where the window's text does
+not extend its first part's (a tokenizer's clean-up of spaces across the seam), the step decodes everything, so the
+text is always the full decode's. A trailing replacement character (half of a multi-byte character) is held back,
+and so are the last ``len(longest stop) - 1`` characters, which a stop string completed by the next step could still
+swallow.
 """
 
 from __future__ import annotations
@@ -15,11 +19,37 @@ class TextAssembler:
         self.emitted = ""
         self.stopped_at: int | None = None
         self.hold = max((len(s) for s in stops), default=1) - 1
+        # the window: tokens [start, seam) decode to ``head``, [0, seam) to ``known`` (which ends on a whole character)
+        self._start = self._seam = 0
+        self._known = self._head = ""
+
+    CONTEXT = 4  # tokens before the seam the window starts with (their text gives the next ones' spacing)
+
+    def _decode_all(self) -> str:
+        """The text of every token so far (the full decode), from the window where it is exact."""
+        decode, toks = self.tokenizer.decode, self.tokens
+        window = decode(toks[self._start:], skip_special_tokens=True)
+        if window.startswith(self._head):
+            text = self._known + window[len(self._head):]
+        else:  # the seam changed the text before it: decode everything
+            text = decode(toks, skip_special_tokens=True)
+        if not text.endswith("\ufffd"):  # a whole character: the seam moves to the end
+            self._seam, self._known = len(toks), text
+            self._start, self._head = 0, text  # no window, unless one spells its tokens as the full text does
+            for back in (self.CONTEXT, 2 * self.CONTEXT, 4 * self.CONTEXT):  # (one starting inside a character
+                start = len(toks) - back  # does not: a multi-byte character's tokens, an emoji's)
+                if start <= 0:
+                    break
+                head = decode(toks[start:], skip_special_tokens=True)
+                if text.endswith(head) and not head.startswith("\ufffd"):
+                    self._start, self._head = start, head
+                    break
+        return text
 
     def feed(self, new: list[int], final: bool = False) -> str:
         """Add this step's tokens; returns the new text that is safe to show. ``final``: the sequence ended."""
         self.tokens.extend(new)
-        text = self.tokenizer.decode(self.tokens, skip_special_tokens=True)
+        text = self._decode_all()
         if self.stops:
             hits = [text.find(s, max(0, len(self.emitted) - self.hold)) for s in self.stops]
             hits = [h for h in hits if h >= 0]

@@ -5,8 +5,8 @@ forward is shared (:class:`~drafttree.batching.target.BatchTarget`). A newcomer 
 (its prefill is its own forward), a finished or cancelled row leaves at the next round. Every row is charged
 a :class:`~drafttree.budget.BatchShare` of the forward, so drafters that size trees on the verify-cost curve
 shrink their trees as the batch grows; what a batch's forward takes beyond the curve (each row attends over its own
-context) is measured from the rounds and charged too. Per row the acceptance rule is the single-sequence one, so each row's
-output is exactly what decoding it alone would give, token for token (at T > 0 with the same seed: the noise fixes
+context) is measured from the rounds and charged too. Per row the acceptance rule is the single-sequence one, so each
+row's output is exactly what decoding it alone would give, token for token (at T > 0 with the same seed: the noise fixes
 each position's sample, whatever the batch drafted).
 """
 
