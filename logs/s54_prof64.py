@@ -20,4 +20,4 @@ bd.BatchDecoder.add_many = add_many
 bd.BatchDecoder.step = step
 r = run_ours(sm, prompts, spec, 128)
 print(spec, f"{sum(r['tokens'])/r['wall']:.1f}")
-p.dump_stats(f"logs/s55_prof_{spec}_{n}.pstats"); st = pstats.Stats(p); st.sort_stats("cumulative").print_stats(40)
+st = pstats.Stats(p); st.sort_stats("cumulative").print_stats(40)
