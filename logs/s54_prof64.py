@@ -20,4 +20,6 @@ bd.BatchDecoder.add_many = add_many
 bd.BatchDecoder.step = step
 r = run_ours(sm, prompts, spec, 128)
 print(spec, f"{sum(r['tokens'])/r['wall']:.1f}")
+if len(sys.argv) > 3:  # a file for the stats (stop 55: logs/s55_prof_{spec}_{n}.pstats, queried by tottime)
+    p.dump_stats(sys.argv[3])
 st = pstats.Stats(p); st.sort_stats("cumulative").print_stats(40)
