@@ -80,7 +80,18 @@ namespace {
 template <typename T>
 void rotate_one(const T* x, int64_t x_step, const T* c, const T* s, int64_t D, T* out, int64_t out_step) {
   const int64_t half = D / 2;
-  for (int64_t i = 0; i < half; ++i) {
+  int64_t i = 0;
+  if (x_step == 1 && out_step == 1) {  // LANES pairs at a time: the same roundings, lane by lane
+    const T zero{};
+    for (; i + LANES <= half; i += LANES) {
+      const vec a = vload(x + i), b = vload(x + i + half);
+      const vec lo = vsub(vnarrow(vmul(a, vload(c + i)), zero), vnarrow(vmul(b, vload(s + i)), zero));
+      const vec hi = vadd(vnarrow(vmul(b, vload(c + i + half)), zero), vnarrow(vmul(a, vload(s + i + half)), zero));
+      vstore(out + i, vnarrow(lo, zero));
+      vstore(out + i + half, vnarrow(hi, zero));
+    }
+  }
+  for (; i < half; ++i) {
     const float a = widen(x[i * x_step]), b = widen(x[(i + half) * x_step]);
     const float lo = narrow(narrow(a * widen(c[i]), T{}) + narrow(-b * widen(s[i]), T{}), T{});
     const float hi = narrow(narrow(b * widen(c[i + half]), T{}) + narrow(a * widen(s[i + half]), T{}), T{});
@@ -90,18 +101,22 @@ void rotate_one(const T* x, int64_t x_step, const T* c, const T* s, int64_t D, T
 }
 #pragma GCC pop_options
 
+// Every (b, h, t) vector of D on its own; many of them (a prompt's) split over the threads: each output is computed
+// the same way whichever thread computes it.
 template <typename T>
 void rotate_all(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin, torch::Tensor& out) {
   const int64_t B = x.size(0), H = x.size(1), Tn = x.size(2), D = x.size(3);
   const T *xp = x.data_ptr<T>(), *cp = cos.data_ptr<T>(), *sp = sin.data_ptr<T>();
   T* op = out.data_ptr<T>();
   const int64_t cb = cos.size(0) == 1 ? 0 : cos.stride(0);
-  for (int64_t b = 0; b < B; ++b)
-    for (int64_t h = 0; h < H; ++h)
-      for (int64_t t = 0; t < Tn; ++t)
-        rotate_one<T>(xp + b * x.stride(0) + h * x.stride(1) + t * x.stride(2), x.stride(3),
-                      cp + b * cb + t * cos.stride(1), sp + b * cb + t * sin.stride(1), D,
-                      op + b * out.stride(0) + h * out.stride(1) + t * out.stride(2), out.stride(3));
+  at::parallel_for(0, B * H * Tn, std::max<int64_t>(1, (1 << 14) / std::max<int64_t>(D, 1)), [&](int64_t u0, int64_t u1) {
+    for (int64_t u = u0; u < u1; ++u) {
+      const int64_t b = u / (H * Tn), h = (u / Tn) % H, t = u % Tn;
+      rotate_one<T>(xp + b * x.stride(0) + h * x.stride(1) + t * x.stride(2), x.stride(3),
+                    cp + b * cb + t * cos.stride(1), sp + b * cb + t * sin.stride(1), D,
+                    op + b * out.stride(0) + h * out.stride(1) + t * out.stride(2), out.stride(3));
+    }
+  });
 }
 
 }  // namespace

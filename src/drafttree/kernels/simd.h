@@ -116,6 +116,40 @@ inline vec reduce(const vec* v) {
 #endif
 
 constexpr int ACC = LANES;  // accumulators one reduce() folds; a tile uses one or more such groups
+
+// Each lane rounded to bf16 and widened back, bit for bit as at::BFloat16(float) rounds (c10's
+// round_to_nearest_even: NaN -> 0x7FC0, else add 0x7FFF plus the kept part's lowest bit and truncate; no
+// flushing of denormals), and LANES such values stored as bf16.
+#if defined(__AVX512F__)
+inline __m512i bf16_bits(vec v) {  // the rounded value in each lane's upper half, lower half zero
+  const __m512i u = _mm512_castps_si512(v);
+  const __m512i bias = _mm512_add_epi32(_mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1)),
+                                        _mm512_set1_epi32(0x7FFF));
+  const __m512i r = _mm512_and_si512(_mm512_add_epi32(u, bias), _mm512_set1_epi32(static_cast<int>(0xFFFF0000u)));
+  return _mm512_mask_mov_epi32(r, _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q), _mm512_set1_epi32(0x7FC00000));
+}
+inline vec vnarrow_bf16(vec v) { return _mm512_castsi512_ps(bf16_bits(v)); }
+inline void vstore(at::BFloat16* p, vec v) {
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), _mm512_cvtepi32_epi16(_mm512_srli_epi32(bf16_bits(v), 16)));
+}
+#else
+inline __m256i bf16_bits(vec v) {
+  const __m256i u = _mm256_castps_si256(v);
+  const __m256i bias = _mm256_add_epi32(_mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1)),
+                                        _mm256_set1_epi32(0x7FFF));
+  const __m256i r = _mm256_and_si256(_mm256_add_epi32(u, bias), _mm256_set1_epi32(static_cast<int>(0xFFFF0000u)));
+  const __m256 nan = _mm256_cmp_ps(v, v, _CMP_UNORD_Q);
+  return _mm256_castps_si256(_mm256_blendv_ps(_mm256_castsi256_ps(r), _mm256_castsi256_ps(_mm256_set1_epi32(0x7FC00000)), nan));
+}
+inline vec vnarrow_bf16(vec v) { return _mm256_castsi256_ps(bf16_bits(v)); }
+inline void vstore(at::BFloat16* p, vec v) {
+  const __m256i h = _mm256_srli_epi32(bf16_bits(v), 16);  // eight 16-bit values, each in a 32-bit lane
+  const __m128i packed = _mm_packus_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1));
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(p), packed);
+}
+#endif
+inline vec vnarrow(vec v, float) { return v; }
+inline vec vnarrow(vec v, at::BFloat16) { return vnarrow_bf16(v); }
 inline float widen(float v) { return v; }
 inline float widen(at::BFloat16 v) { return static_cast<float>(v); }
 
