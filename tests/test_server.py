@@ -113,7 +113,32 @@ def test_streaming_chat(server, expected):
     assert "".join(c["choices"][0]["delta"].get("content", "") for c in chunks) == expected.text
     assert final["choices"][0]["finish_reason"] in ("stop", "length")
     assert final["drafttree"]["target_forwards"] == sum(1 for c in body if c["drafttree"]["accepted"])
-    assert final["usage"]["completion_tokens"] == expected.new_tokens
+    assert "usage" not in final  # only when asked for (stream_options.include_usage)
+
+
+def test_streaming_usage_when_asked_for(server, expected):
+    """``stream_options.include_usage``: ``usage: null`` on every chunk, then one chunk with no choices and the usage,
+    as OpenAI streams it."""
+    status, _, data = request(server, "POST", "/v1/chat/completions",
+                              {"messages": MESSAGES, "max_tokens": 12, "temperature": 0, "stream": True,
+                               "stream_options": {"include_usage": True}})
+    events = sse_events(data)
+    chunks = [json.loads(e) for e in events[:-1]]
+    assert status == 200 and events[-1] == "[DONE]"
+    *body, last = chunks
+    assert all(c["usage"] is None and len(c["choices"]) == 1 for c in body)
+    assert body[-1]["choices"][0]["finish_reason"] in ("stop", "length")
+    assert last["choices"] == [] and last["usage"] == {
+        "prompt_tokens": expected.prompt_tokens, "completion_tokens": expected.new_tokens,
+        "total_tokens": expected.prompt_tokens + expected.new_tokens}
+
+
+def test_unknown_model_is_404(server, sm):
+    status, out = post(server, "/v1/chat/completions", {"model": "gpt-4o", "messages": MESSAGES, "max_tokens": 2})
+    assert status == 404 and out["error"]["code"] == "model_not_found" and out["error"]["param"] == "model"
+    assert sm.target.name in out["error"]["message"]
+    status, out = post(server, "/v1/completions", {"model": sm.target.name, "prompt": "Hi", "max_tokens": 2})
+    assert status == 200
 
 
 def test_completions_raw_prompt(server, sm):
@@ -156,7 +181,7 @@ BAD = [
     ({"messages": MESSAGES, "temperature": "hot"}, "temperature"),
     ({"messages": MESSAGES, "top_p": 0}, "top_p"),
     ({"messages": MESSAGES, "top_p": 1.5}, "top_p"),
-    ({"messages": MESSAGES, "top_k": -1}, "top_k"),
+    ({"messages": MESSAGES, "top_k": -2}, "top_k"),
     ({"messages": MESSAGES, "stop": [""]}, "stop"),
     ({"messages": MESSAGES, "stop": 7}, "stop"),
     ({"messages": MESSAGES, "seed": "x"}, "seed"),
@@ -176,17 +201,28 @@ BAD = [
     ({"messages": MESSAGES, "tools": [{"type": "function", "function": {"name": "f"}}]}, "tools"),
     ({"messages": MESSAGES, "tool_choice": "auto"}, "tool_choice"),
     ({"messages": MESSAGES, "frequency_penalty": False}, "frequency_penalty"),
+    ({"messages": MESSAGES, "best_of": 3}, "best_of"),
+    ({"messages": MESSAGES, "ignore_eos": True}, "ignore_eos"),
+    ({"messages": MESSAGES, "min_tokens": 5}, "min_tokens"),
+    ({"messages": MESSAGES, "min_p": 0.1}, "min_p"),
+    ({"messages": MESSAGES, "stop_token_ids": [2]}, "stop_token_ids"),
+    ({"messages": MESSAGES, "include_stop_str_in_output": True}, "include_stop_str_in_output"),
+    ({"messages": MESSAGES, "stream_options": {"include_usage": True}}, None),  # only with stream: true
+    ({"messages": MESSAGES, "stream": True, "stream_options": {"include_usage": "yes"}},
+     "stream_options.include_usage"),
 ]
 
 NO_OPS = {"frequency_penalty": 0, "presence_penalty": 0.0, "repetition_penalty": 1.0, "logit_bias": {},
-          "response_format": {"type": "text"}, "tools": [], "tool_choice": "none", "model": "any-name", "user": "u1"}
+          "response_format": {"type": "text"}, "tools": [], "tool_choice": "none", "user": "u1", "best_of": 1,
+          "min_p": 0.0, "min_tokens": 0, "ignore_eos": False, "stop_token_ids": [],
+          "include_stop_str_in_output": False, "top_k": -1}
 
 
-def test_openai_defaults_that_change_nothing_are_accepted(server):
-    """What OpenAI clients send by default passes, and the answer is the greedy answer without them."""
+def test_openai_defaults_that_change_nothing_are_accepted(server, sm):
+    """What OpenAI (and vLLM) clients send by default passes, and the answer is the greedy answer without them."""
     body = {"messages": MESSAGES, "max_tokens": 6, "temperature": 0}
     plain = post(server, "/v1/chat/completions", body)[1]["choices"][0]["message"]["content"]
-    status, out = post(server, "/v1/chat/completions", {**body, **NO_OPS})
+    status, out = post(server, "/v1/chat/completions", {**body, **NO_OPS, "model": sm.target.name})
     assert status == 200 and out["choices"][0]["message"]["content"] == plain
 
 
@@ -340,6 +376,42 @@ def test_client_disconnect_mid_stream_frees_the_model(server, expected):
     assert status == 200 and out["choices"][0]["message"]["content"] == expected.text
 
 
+def test_client_disconnect_while_waiting_for_a_whole_answer_frees_the_row(server):
+    """A non-streaming request whose client goes away leaves the batch within about a second, although its row sends
+    an event every round (the check runs on the clock)."""
+    import time
+
+    host, port = server.server_address[:2]
+    scheduler = server.server.config.app.state.service.scheduler
+    served = scheduler.served
+    conn = http.client.HTTPConnection(host, port, timeout=60)
+    conn.request("POST", "/v1/completions", json.dumps({"prompt": "1, 2, 3, 4, 5,", "max_tokens": 4000,
+                                                        "temperature": 0, "method": "ar"}),
+                 {"Content-Type": "application/json"})
+    deadline = time.monotonic() + 30
+    while scheduler.load()["rows"] == 0 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert scheduler.load()["rows"] == 1
+    time.sleep(0.5)
+    conn.sock.shutdown(2)
+    conn.close()
+    left = time.monotonic()
+    while scheduler.load()["rows"] and time.monotonic() < left + 20:
+        time.sleep(0.05)
+    assert scheduler.load()["rows"] == 0 and time.monotonic() - left < 5
+    assert scheduler.served == served  # cancelled, not answered
+
+
+def test_health_is_503_when_the_decode_loop_has_stopped(sm):
+    srv = ServerThread(create_app(sm)).start()
+    try:
+        srv.server.config.app.state.service.scheduler.stop()  # as if the loop's thread had died
+        status, _, data = request(srv, "GET", "/health")
+        assert status == 503 and json.loads(data)["status"] == "error"
+    finally:
+        srv.stop()
+
+
 def test_web_page(server):
     status, headers, data = request(server, "GET", "/")
     page = data.decode()
@@ -426,3 +498,37 @@ def test_logprobs_in_openai_shapes(server, sm, expected):
     assert [o for p in pieces if p for o in p["text_offset"]] == lp["text_offset"]
     status, out = post(server, "/v1/chat/completions", {"messages": MESSAGES, "top_logprobs": 2})
     assert status == 400 and "top_logprobs needs logprobs" in out["error"]["message"]
+
+
+def test_logprob_bytes_spell_characters_split_over_tokens(sm):
+    """OpenAI's ``bytes``: a token holding part of a UTF-8 character gives its own bytes (not U+FFFD's), so joining
+    them rebuilds the text."""
+    from drafttree.server.app import token_bytes
+
+    tok = sm.tokenizer
+    for text in ("😀 ok", "日本語", "héllo", " plain"):
+        ids = tok(text, add_special_tokens=False).input_ids
+        pieces = [token_bytes(tok, t, tok.decode([t])) for t in ids]
+        assert bytes(b for p in pieces for b in p).decode("utf-8") == text
+    assert any(len(tok.decode([t])) == 1 and tok.decode([t]) == "\ufffd"
+               for t in tok("😀", add_special_tokens=False).input_ids)  # the case this is for
+
+
+def test_usage_and_tokens_stop_at_a_stop_string_whatever_the_method(server, sm):
+    """Tokens accepted past a stop string (a drafter may have proposed them) are not counted: every method reports
+    the same completion tokens, and the library returns the same tokens."""
+    messages = [{"role": "user", "content": "Count from 1 to 20, separated by commas."}]
+    usages, texts = [], []
+    for method in ("ar", "lookup"):
+        status, out = post(server, "/v1/chat/completions", {"messages": messages, "max_tokens": 60, "temperature": 0,
+                                                            "stop": ["7"], "method": method, "logprobs": True})
+        assert status == 200 and out["choices"][0]["finish_reason"] == "stop"
+        usages.append(out["usage"]["completion_tokens"])
+        texts.append(out["choices"][0]["message"]["content"])
+        assert len(out["choices"][0]["logprobs"]["content"]) == usages[-1]
+    assert usages[0] == usages[1] and texts[0] == texts[1]
+    results = [sm.generate(messages, max_new_tokens=60, stop=["7"], method=m) for m in ("ar", "lookup")]
+    assert results[0].tokens == results[1].tokens and results[0].new_tokens == len(results[0].tokens) == usages[0]
+    stream = sm.stream(messages, max_new_tokens=60, stop=["7"], method="lookup")
+    assert [t for chunk in stream for t in chunk.tokens] == results[0].tokens
+    assert sm.tokenizer.decode(results[0].tokens[:-1]).find("7") < 0  # the last token kept is where "7" starts

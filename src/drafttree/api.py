@@ -25,7 +25,7 @@ from drafttree.target import TargetModel
 @dataclass
 class GenerationResult:
     text: str
-    tokens: list[int]  # the new token ids (EOS included when it ended the generation)
+    tokens: list[int]  # the new token ids (EOS included when it ended the generation; none past a stop string)
     prompt_tokens: int
     method: str
     stats: DecodeStats = field(repr=False)
@@ -33,7 +33,8 @@ class GenerationResult:
 
     @property
     def new_tokens(self) -> int:
-        return self.stats.new_tokens
+        """Tokens of the answer (``len(tokens)``); ``stats.new_tokens`` also counts any decoded past a stop string."""
+        return len(self.tokens)
 
     @property
     def tau(self) -> float:
@@ -58,7 +59,7 @@ class GenerationResult:
     def to_dict(self) -> dict:
         s = self.stats
         return {
-            "text": self.text, "method": self.method, "new_tokens": s.new_tokens,
+            "text": self.text, "method": self.method, "new_tokens": self.new_tokens,
             "prompt_tokens": self.prompt_tokens, "tokens_per_second": round(s.tokens_per_second, 3),
             "tau": round(s.tau, 4), "target_forwards": s.target_forwards, "wall_time": round(s.wall_time, 4),
             "finish_reason": s.finish_reason, "accept_lengths": s.accept_lengths,
@@ -267,8 +268,9 @@ class SpeculativeModel:
         for new in steps:
             delta = text.feed(new, final=stats.finish_reason == "stop")
             step += 1
-            lps = None if logprobs is None else stats.logprobs[len(text.tokens) - len(new):len(text.tokens)]
-            yield StreamChunk(delta, new, step, lps)
+            first, end = len(text.tokens) - len(new), text.kept()  # no tokens past a stop string
+            lps = None if logprobs is None else stats.logprobs[first:end]
+            yield StreamChunk(delta, new[: max(0, end - first)], step, lps)
             if text.stopped_at is not None:
                 stats.finish_reason = "stop"
                 steps.close()
@@ -276,8 +278,9 @@ class SpeculativeModel:
         rest = text.finish()
         if rest:
             yield StreamChunk(rest, [], step, None if logprobs is None else [])
-        stream.result = GenerationResult(text.text, text.tokens, int(ids.numel()), method, stats,
-                                         None if logprobs is None else stats.logprobs)
+        kept = text.kept()
+        stream.result = GenerationResult(text.text, text.tokens[:kept], int(ids.numel()), method, stats,
+                                         None if logprobs is None else stats.logprobs[:kept])
 
     def generate(self, prompt: str | list[dict] | torch.Tensor | list, max_new_tokens: int = 256,
                  **kwargs) -> GenerationResult | list[GenerationResult]:
@@ -347,16 +350,16 @@ class SpeculativeModel:
             if text.stopped_at is not None and not seq.finished:
                 seq.cancelled = True
                 seq._finish("stop")
-            n = len(text.tokens)
-            lps = None if logprobs is None else seq.stats.logprobs[n - len(new):n]
-            out = [(i, StreamChunk(delta, new, steps[i], lps))]
+            first, end = len(text.tokens) - len(new), text.kept()  # no tokens past a stop string
+            lps = None if logprobs is None else seq.stats.logprobs[first:end]
+            out = [(i, StreamChunk(delta, new[: max(0, end - first)], steps[i], lps))]
             if seq.finished:
                 rest = text.finish()
                 if rest:
                     out.append((i, StreamChunk(rest, [], steps[i], None if logprobs is None else [])))
-                self._batch_results[i] = GenerationResult(text.text, text.tokens, int(seq.prompt_ids.numel()),
+                self._batch_results[i] = GenerationResult(text.text, text.tokens[:end], int(seq.prompt_ids.numel()),
                                                           method, seq.stats, None if logprobs is None
-                                                          else seq.stats.logprobs)
+                                                          else seq.stats.logprobs[:end])
             return out
 
         while waiting or dec.rows:

@@ -70,7 +70,34 @@ class TextAssembler:
         self.emitted = max(self.emitted, text, key=len)
         return delta
 
+    def kept(self) -> int:
+        """How many of the tokens count: all, or where a stop string cut the text, those that begin before it (a token
+        the stop string starts inside is kept; tokens drafted and accepted past it are not, whatever the method)."""
+        n = len(self.tokens)
+        if self.stopped_at is None:
+            return n
+        while n > 0 and len(self.tokenizer.decode(self.tokens[: n - 1], skip_special_tokens=True)) >= self.stopped_at:
+            n -= 1
+        return n
+
     @property
     def text(self) -> str:
         text = self.tokenizer.decode(self.tokens, skip_special_tokens=True)
         return text if self.stopped_at is None else text[: self.stopped_at]
+
+
+class PrefixEnds:
+    """Where each token's text ends: ``len(decode(tokens[:i + 1]))`` for every token i, in order, each from a window
+    of the last tokens (a :class:`TextAssembler` fed one token at a time) instead of a decode of the whole prefix
+    (a log-probability request's text offsets: quadratic in the answer's length otherwise)."""
+
+    def __init__(self, tokenizer):
+        self._text = TextAssembler(tokenizer, [])
+        self.ends: list[int] = []
+
+    def update(self, tokens: list[int]) -> list[int]:
+        """The ends of ``tokens`` (which extend the tokens given before), computed for the new ones only."""
+        for t in tokens[len(self.ends):]:
+            self._text.tokens.append(t)
+            self.ends.append(len(self._text._decode_all()))
+        return self.ends

@@ -15,11 +15,12 @@ Everything a client can get wrong is answered with an HTTP status and an OpenAI-
 from __future__ import annotations
 
 import asyncio
+import functools
 import hmac
 import json
 import time
 import uuid
-from contextlib import asynccontextmanager
+from contextlib import asynccontextmanager, suppress
 from importlib import resources
 
 import torch
@@ -36,6 +37,7 @@ from drafttree.server.scheduler import Job, QueueFull, Scheduler
 from drafttree.server.schemas import ChatRequest, CompletionRequest
 
 RETRY_AFTER_SECONDS = 2
+DISCONNECT_CHECK_SECONDS = 1.0  # how often a non-streaming request checks that its client is still there
 
 
 def _error(err: RequestError, headers: dict | None = None) -> JSONResponse:
@@ -142,13 +144,16 @@ class Service:
         def piece(t: int) -> str:
             return tok.decode([t], skip_special_tokens=False)
 
+        def raw(t: int, s: str) -> list[int]:  # the token's own bytes: part of a character's, where it holds part
+            return token_bytes(tok, t, s)
+
         def finite(lp: float) -> float:
             return max(lp, -9999.0)
 
         if chat:
             def item(t: int, lp: float) -> dict:
                 s = piece(t)
-                return {"token": s, "logprob": finite(lp), "bytes": list(s.encode("utf-8"))}
+                return {"token": s, "logprob": finite(lp), "bytes": raw(t, s)}
             content = [{**item(e.token, e.logprob), "top_logprobs": [item(t, lp) for t, lp in e.top]}
                        for e, _ in entries]
             return {"content": content, "refusal": None}
@@ -156,6 +161,40 @@ class Service:
                 "token_logprobs": [finite(e.logprob) for e, _ in entries],
                 "top_logprobs": [{piece(t): finite(lp) for t, lp in e.top} for e, _ in entries],
                 "text_offset": [offset for _, offset in entries]}
+
+
+@functools.cache
+def _byte_alphabet() -> dict[str, int]:
+    """Byte-level BPE's alphabet (GPT-2's, used by SmolLM2, Qwen, Llama 3 ...): the character that spells each byte
+    in a token's string, printable bytes as themselves and the others shifted past U+0100 in order."""
+    printable = [*range(ord("!"), ord("~") + 1), *range(0xA1, 0xAC + 1), *range(0xAE, 0xFF + 1)]
+    chars, extra = dict(zip(printable, printable, strict=True)), 0
+    for b in range(256):
+        if b not in chars:
+            chars[b], extra = 256 + extra, extra + 1
+    return {chr(c): b for b, c in chars.items()}
+
+
+def token_bytes(tok, t: int, text: str) -> list[int]:
+    """A token's bytes, as OpenAI's ``bytes`` field has them: from its byte-level string where the tokenizer spells
+    tokens in bytes (a token holding part of a UTF-8 character gives those bytes, not U+FFFD's), a byte-fallback
+    token's ``<0xAB>``, else the UTF-8 of its ``text``."""
+    try:
+        spelled = tok.convert_ids_to_tokens(t)
+    except Exception:  # noqa: BLE001 - a tokenizer without it: the text's bytes
+        spelled = None
+    if isinstance(spelled, str) and spelled:
+        alphabet = _byte_alphabet()
+        if all(c in alphabet for c in spelled):
+            got = [alphabet[c] for c in spelled]
+            if "\ufffd" in text or bytes(got).decode("utf-8", "replace") == text:
+                return got
+        if len(spelled) == 6 and spelled.startswith("<0x") and spelled.endswith(">"):
+            try:
+                return [int(spelled[3:5], 16)]
+            except ValueError:
+                pass
+    return list(text.encode("utf-8"))
 
 
 def usage(res: dict) -> dict:
@@ -206,6 +245,9 @@ def create_app(sm, api_key: str | None = None, max_batch: int = 16, max_queue: i
 
     @app.get("/health")
     async def health():
+        if svc.scheduler is not None and not svc.scheduler.thread.is_alive():  # nothing would answer a request
+            return JSONResponse({"status": "error", "model": svc.model_name,
+                                 "error": "the decode loop has stopped; restart the server"}, status_code=503)
         return {"status": "ok", "model": svc.model_name, **(svc.scheduler.load() if svc.scheduler else {})}
 
     @app.get("/v1/models")
@@ -248,6 +290,9 @@ async def complete(svc: Service, request: Request, chat: bool):
     svc.authorize(request)
     body = await svc.read_json(request)
     req = validate(ChatRequest if chat else CompletionRequest, body, svc.methods)
+    if req.model is not None and req.model != svc.model_name:  # as GET /v1/models/{id}, OpenAI and vLLM answer
+        raise RequestError(404, f"the model {req.model!r} does not exist here; this server runs {svc.model_name!r} "
+                           "(GET /v1/models)", "model", "model_not_found")
     params = req.generation()
     ids = svc.encode(req, chat)
     try:
@@ -270,17 +315,20 @@ async def complete(svc: Service, request: Request, chat: bool):
     if first[0] == "error":
         raise RequestError(first[1], first[2], type_="server_error" if first[1] >= 500 else "invalid_request_error")
     if req.stream:
-        return StreamingResponse(sse(svc, job, first, chat, rid), media_type="text/event-stream",
+        with_usage = bool(req.stream_options and req.stream_options.include_usage)
+        return StreamingResponse(sse(svc, job, first, chat, rid, with_usage), media_type="text/event-stream",
                                  headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
-    event = first
+    event, check = first, time.monotonic() + DISCONNECT_CHECK_SECONDS
     try:
         while event[0] == "chunk":
-            try:
-                event = await asyncio.wait_for(job.events.get(), timeout=1.0)
-            except asyncio.TimeoutError:
+            with suppress(asyncio.TimeoutError):
+                event = await asyncio.wait_for(job.events.get(), timeout=max(0.0, check - time.monotonic()))
+            # on the clock, not only when no event came: a generating row sends one every round
+            if time.monotonic() >= check:
                 if await request.is_disconnected():  # nobody will read the answer: free the row
                     job.cancel()
                     return JSONResponse({}, status_code=499)
+                check = time.monotonic() + DISCONNECT_CHECK_SECONDS
     except asyncio.CancelledError:
         job.cancel()
         raise
@@ -289,9 +337,12 @@ async def complete(svc: Service, request: Request, chat: bool):
     return JSONResponse(svc.completion(event[1], chat, rid))
 
 
-async def sse(svc: Service, job: Job, event, chat: bool, rid: str):
-    """Server-Sent Events: one chunk per target forward, then the finish chunk (usage, stats) and [DONE]."""
+async def sse(svc: Service, job: Job, event, chat: bool, rid: str, with_usage: bool = False):
+    """Server-Sent Events: one chunk per target forward, then the finish chunk (drafttree's stats) and [DONE]. With
+    ``with_usage`` (``stream_options.include_usage``) every chunk has ``usage: null`` and one more chunk, with no
+    choices, carries the usage before [DONE], as OpenAI streams it."""
     created, n = int(time.time()), 0
+    none = {"usage": None} if with_usage else {}
 
     def data(obj) -> bytes:
         return b"data: " + (obj if isinstance(obj, bytes) else json.dumps(obj, ensure_ascii=False).encode()) + b"\n\n"
@@ -300,14 +351,17 @@ async def sse(svc: Service, job: Job, event, chat: bool, rid: str):
         while True:
             if event[0] == "chunk":
                 _, text, accepted, step, entries = event
-                stats = {"drafttree": {"step": step, "accepted": accepted}}
+                stats = {**none, "drafttree": {"step": step, "accepted": accepted}}
                 lps = None if entries is None else svc.logprobs(entries, chat)
                 yield data(svc.chunk(rid, chat, created, text, None, stats, first=n == 0, logprobs=lps))
                 n += 1
             elif event[0] == "done":
                 res = event[1]
                 yield data(svc.chunk(rid, chat, created, None, res["finish_reason"],
-                                     {"usage": usage(res), "drafttree": res["drafttree"]}, first=n == 0))
+                                     {**none, "drafttree": res["drafttree"]}, first=n == 0))
+                if with_usage:
+                    last = svc.chunk(rid, chat, created, None, None, {"usage": usage(res)})
+                    yield data({**last, "choices": []})
                 break
             else:  # headers are sent: report in-band, then end the stream
                 yield data(RequestError(event[1], event[2], type_="server_error").body())

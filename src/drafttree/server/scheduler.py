@@ -20,7 +20,7 @@ import torch
 
 from drafttree.accept import Sampling
 from drafttree.batching import BatchDecoder, Sequence
-from drafttree.detok import TextAssembler
+from drafttree.detok import PrefixEnds, TextAssembler
 from drafttree.drafters import make_drafter
 from drafttree.errors import DraftTreeError
 
@@ -50,6 +50,8 @@ class Job:
     logprobs: int | None = None  # alternatives per token, when the request asked for log-probabilities
     reported: int = 0  # tokens whose log-probabilities went out ...
     offset: int = 0  # ... and where the next one's text begins
+    sent: list = field(default_factory=list)  # the (entry, offset) pairs that went out
+    ends: PrefixEnds | None = None  # where each token's text ends (log-probability requests)
 
     def push(self, *event) -> None:
         self.loop.call_soon_threadsafe(self.events.put_nowait, event)
@@ -104,7 +106,9 @@ class Scheduler:
         job.seq = Sequence(job.ids.to(sm.target.device), drafter, job.sampling, job.max_new_tokens,
                            frozenset(sm.eos_ids), gen, tag=job, logprobs=job.logprobs)
         job.reported = job.offset = 0
+        job.sent = []
         job.text = TextAssembler(sm.tokenizer, job.stops)
+        job.ends = None if job.logprobs is None else PrefixEnds(sm.tokenizer)
 
     def _start_all(self, jobs: list[Job]) -> None:
         """Prefill the newcomers together (one packed forward); if that fails, one at a time, so that only a bad
@@ -115,9 +119,7 @@ class Scheduler:
                 ready.append(job)
         if len(ready) > 1:
             try:
-                for job, new in zip(ready, self.decoder.add_many([j.seq for j in ready])):
-                    self._deliver(job, new)
-                return
+                firsts = self.decoder.add_many([j.seq for j in ready])
             except Exception:  # noqa: BLE001 - retried one by one below, where each error reaches its request
                 dec, mine = self.decoder, {id(j.seq) for j in ready}
                 keep = [i for i, s in enumerate(dec.active) if id(s) not in mine]
@@ -125,6 +127,10 @@ class Scheduler:
                 dec.target.keep(keep)
                 for job in ready:  # fresh sequences: the failed attempt may have emitted their first tokens
                     self._prepare(job, job.seq.drafter)
+            else:  # delivered only once all joined (a failure here fails the batch: no request answered twice)
+                for job, new in zip(ready, firsts):
+                    self._deliver(job, new)
+                return
         for job in ready:
             self._guard(job, lambda j: self._deliver(j, self.decoder.add(j.seq)))
 
@@ -158,52 +164,45 @@ class Scheduler:
             self.served += 1
             job.push("done", self._result(job))
 
-    def _kept(self, job: Job) -> int:
-        """Tokens of the answer that count: all of them, or where a stop string cut the text, those that begin
-        before it (a token the stop string starts inside is kept)."""
-        tokens, stop = job.text.tokens, job.text.stopped_at
-        if stop is None:
-            return len(tokens)
-        n = len(tokens)
-        while n > 0 and len(self.sm.tokenizer.decode(tokens[: n - 1], skip_special_tokens=True)) >= stop:
-            n -= 1
-        return n
-
     def _logprobs(self, job: Job, final: bool) -> list | None:
         """(entry, text offset) of the tokens not yet reported whose text went out (all that count, once ``final``;
         text held back for a stop string holds back its tokens' entries too); EOS tokens are not reported."""
         if job.logprobs is None:
             return None
         tokens, entries, out = job.text.tokens, job.seq.stats.logprobs, []
-        end = min(self._kept(job) if final else len(tokens), len(entries))
+        end = min(job.text.kept() if final else len(tokens), len(entries))
+        ends = job.ends.update(tokens[:end])
         shown = len(job.text.emitted)
         while job.reported < end:
             i = job.reported
-            after = len(self.sm.tokenizer.decode(tokens[: i + 1], skip_special_tokens=True))
-            if not final and after > shown:
+            if not final and ends[i] > shown:
                 break
             if tokens[i] not in self.sm.eos_ids:
                 out.append((entries[i], job.offset))
-            job.reported, job.offset = i + 1, after
+            job.reported, job.offset = i + 1, ends[i]
+        job.sent += out
         return out
 
     def _result(self, job: Job) -> dict:
         s = job.seq.stats
         lps = None
         if job.logprobs is not None:  # every entry that counts, with its text offset
-            job.reported = job.offset = 0
-            lps = self._logprobs(job, True)
-        return {"text": job.text.text, "prompt_tokens": int(job.ids.numel()), "completion_tokens": s.new_tokens,
+            self._logprobs(job, True)
+            lps = list(job.sent)
+        return {"text": job.text.text, "prompt_tokens": int(job.ids.numel()), "completion_tokens": job.text.kept(),
                 "logprobs": lps,
                 "finish_reason": "stop" if s.finish_reason == "stop" else "length",
                 "drafttree": {"method": job.method, "tau": round(s.tau, 4), "target_forwards": s.target_forwards,
                               "tokens_per_second": round(s.tokens_per_second, 3),
                               "accept_lengths": s.accept_lengths, "wall_time": round(s.wall_time, 4)}}
 
-    def _fail_all(self, err: Exception) -> None:
+    def _fail_all(self, err: Exception, joining: list[Job] = ()) -> None:
+        """Every request in the batch (and those that were joining it) gets the error; the loop starts afresh."""
         traceback.print_exc(file=sys.stderr)
-        for seq in self.decoder.active:
-            seq.tag.push("error", 500, f"internal server error: {type(err).__name__}: {err}")
+        jobs = {id(s.tag): s.tag for s in self.decoder.active}
+        jobs.update((id(j), j) for j in joining if j.seq is None or not j.seq.finished)
+        for job in jobs.values():
+            job.push("error", 500, f"internal server error: {type(err).__name__}: {err}")
         self.decoder = BatchDecoder(self.sm.batch_target(), self.sm.verify_cost(), self.sm.batch_policy)
         self.decoder.target.keep([])
 
@@ -219,14 +218,14 @@ class Scheduler:
                 joining = []
                 while self.pending and self.decoder.rows + len(joining) < self.max_batch:
                     joining.append(self.pending.popleft())
-            self._start_all(joining)
-            if not self.decoder.rows:
-                continue
-            try:
+            try:  # a failure anywhere in a round fails the batch's requests, never the loop (nothing would answer)
+                self._start_all(joining)
+                if not self.decoder.rows:
+                    continue
                 for seq, new in self.decoder.step():
                     if seq.stats.finish_reason == "cancelled":
                         self.pool[seq.tag.method].append(seq.drafter)
                         continue
                     self._deliver(seq.tag, new)
             except Exception as e:  # noqa: BLE001
-                self._fail_all(e)
+                self._fail_all(e, joining)

@@ -1,8 +1,10 @@
 """Request schemas of the OpenAI-compatible routes (pydantic): types, ranges and defaults in one place, also
-published at ``/docs``. Unknown OpenAI fields are accepted and ignored, as OpenAI-compatible servers do."""
+published at ``/docs``. Unknown fields are accepted and ignored, as OpenAI-compatible servers do; known ones that would
+change the output are refused unless at their no-op value (``NO_OPS``)."""
 
 from __future__ import annotations
 
+import json
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
@@ -12,6 +14,18 @@ from drafttree.server.requests import parse_prompt
 DEFAULT_MAX_TOKENS = 256
 DEFAULT_TEMPERATURE = 1.0  # OpenAI's default; send "temperature": 0 for greedy (token-identical) decoding
 MAX_STOPS = 16
+
+
+# OpenAI (and vLLM) fields that would change what is generated, with their no-op values: accepted at those (clients
+# send them by default), refused otherwise
+NO_OPS = {"frequency_penalty": 0, "presence_penalty": 0, "repetition_penalty": 1, "logit_bias": {},
+          "response_format": {"type": "text"}, "tools": [], "tool_choice": "none", "best_of": 1, "min_p": 0,
+          "min_tokens": 0, "ignore_eos": False, "stop_token_ids": [], "include_stop_str_in_output": False}
+
+
+class StreamOptions(BaseModel):
+    model_config = ConfigDict(extra="allow", strict=True)
+    include_usage: bool | None = None
 
 
 class TextPart(BaseModel):
@@ -32,13 +46,15 @@ class GenerationParams(BaseModel):
     max_completion_tokens: int | None = Field(None, gt=0, description="same as max_tokens (newer OpenAI name)")
     temperature: float | None = Field(None, ge=0, description="0 = greedy: exactly the target's tokens")
     top_p: float | None = Field(None, gt=0, le=1)
-    top_k: int | None = Field(None, ge=0, description="0 = off")
+    top_k: int | None = Field(None, ge=-1, description="0 or -1 (vLLM's 'off') = off")
     n: int | None = Field(None, ge=1, le=1, description="one completion per request")
     seed: int | None = Field(None, description="fixes each position's sample: the text of plain sampling with "
                                                  "this seed, whatever else the server is serving (up to bf16 "
                                                  "near-ties)")
     stop: Any = Field(None, description="a string or up to 16 strings that end the completion")
     stream: bool | None = Field(None, description="Server-Sent Events, one event per target forward")
+    stream_options: StreamOptions | None = Field(None, description="with stream: include_usage adds a last chunk "
+                                                                     "with the usage (and usage: null on the others)")
     method: str | None = Field(None, description="drafting method (GET /v1/drafttree/methods); default: the server's")
     echo: Any = None
     suffix: Any = None
@@ -51,6 +67,12 @@ class GenerationParams(BaseModel):
     response_format: Any = None
     tools: Any = None
     tool_choice: Any = None
+    best_of: Any = None
+    min_p: Any = None  # vLLM's extensions from here on
+    min_tokens: Any = None
+    ignore_eos: Any = None
+    stop_token_ids: Any = None
+    include_stop_str_in_output: Any = None
 
     @field_validator("stop", mode="before")
     @classmethod
@@ -71,16 +93,20 @@ class GenerationParams(BaseModel):
             raise ValueError("is not supported by this server")
         return v
 
-    @field_validator("frequency_penalty", "presence_penalty", "repetition_penalty", "logit_bias", "response_format",
-                     "tools", "tool_choice", mode="before")
+    @field_validator(*NO_OPS, mode="before")
     @classmethod
     def _changes_output(cls, v, info):
-        no_op = {"frequency_penalty": (0,), "presence_penalty": (0,), "repetition_penalty": (1,), "logit_bias": ({},),
-                 "response_format": ({"type": "text"},), "tools": ([],), "tool_choice": ("none",)}[info.field_name]
-        if v is None or (not isinstance(v, bool) and any(v == ok and type(v) is not bool for ok in no_op)):
+        ok = NO_OPS[info.field_name]
+        if v is None or (type(v) is type(ok) or (type(ok) is int and type(v) is float)) and v == ok:
             return v
-        raise ValueError(f"only {no_op[0]!r} is supported here: other values would change what the target "
+        raise ValueError(f"only {json.dumps(ok)} is supported here: other values would change what the target "
                          "generates, and drafttree samples the target's own distribution exactly")
+
+    @model_validator(mode="after")
+    def _options_need_stream(self):
+        if self.stream_options is not None and not self.stream:
+            raise ValueError("stream_options is only allowed with stream: true")  # OpenAI's rule
+        return self
 
     @field_validator("seed", mode="after")
     @classmethod
@@ -91,7 +117,7 @@ class GenerationParams(BaseModel):
         """Keyword arguments for a generation, defaults applied."""
         return {"max_new_tokens": self.max_completion_tokens or self.max_tokens or DEFAULT_MAX_TOKENS,
                 "temperature": DEFAULT_TEMPERATURE if self.temperature is None else self.temperature,
-                "top_p": 1.0 if self.top_p is None else self.top_p, "top_k": self.top_k or 0,
+                "top_p": 1.0 if self.top_p is None else self.top_p, "top_k": max(0, self.top_k or 0),
                 "stop": self.stop or [], "seed": self.seed, "logprobs": self.logprob_count()}
 
     def logprob_count(self) -> int | None:
