@@ -165,15 +165,18 @@ struct Scratch {  // one per thread, reused by every unit it takes
   std::vector<float> qf, s, acc, inv;
   std::vector<int64_t> idx, start, use, prefix;
   std::vector<uint8_t> seen;
+  int64_t span = 0;
+  int64_t group = -1;  // the query group whose keys (idx, start, use, prefix, span) these are
 };
 
 // Queries t[0..nq) of one row (query i is node nodes[i] of its mask) and one K/V head: their `groups` query heads
 // each, over the keys each one's mask allows. Scores and weighted sums run as small tiles over all nq * groups
 // (query, head) rows, reading each key and value once for all of them; the softmax runs per row over its own keys.
+// The keys each query of a group may see (idx, from start[i]), their union in key order (use), how far scores are
+// needed (span) and each query's all-visible prefix: the same for every K/V head, so computed once per group.
 template <typename T>
-void attend_rows(const T* q, const T* k, const T* v, const T* mask, int64_t row, const int64_t* ts,
-                 const int64_t* nodes, int64_t nq, int64_t keys, int64_t kvh, const Layout& L, T* out, Scratch& w) {
-  const int64_t D = L.D, G = L.groups, R = nq * G;
+void group_keys(const T* mask, int64_t row, const int64_t* nodes, int64_t nq, int64_t keys, const Layout& L,
+                Scratch& w) {
   w.idx.clear();
   w.start.assign(1, 0);
   int64_t span = 0;  // scores are computed for every key up to the last one any of the queries may see
@@ -188,6 +191,25 @@ void attend_rows(const T* q, const T* k, const T* v, const T* mask, int64_t row,
   w.use.clear();
   for (int64_t j = 0; j < span; ++j)
     if (w.seen[j]) w.use.push_back(j);
+  w.span = span;
+  std::vector<int64_t>& prefix = w.prefix;  // query i may see keys [0, prefix[i]), and others after
+  prefix.resize(nq);
+  for (int64_t i = 0; i < nq; ++i) {
+    const int64_t* idx = w.idx.data() + w.start[i];
+    int64_t lo = 0, hi = w.start[i + 1] - w.start[i];  // idx is increasing: idx[a] == a exactly on a prefix
+    while (lo < hi) {
+      const int64_t mid = (lo + hi) / 2;
+      if (idx[mid] == mid) lo = mid + 1; else hi = mid;
+    }
+    prefix[i] = lo;
+  }
+}
+
+template <typename T>
+void attend_rows(const T* q, const T* k, const T* v, const T* mask, int64_t row, const int64_t* ts,
+                 const int64_t* nodes, int64_t nq, int64_t keys, int64_t kvh, const Layout& L, T* out, Scratch& w) {
+  const int64_t D = L.D, G = L.groups, R = nq * G;
+  const int64_t span = w.span;
   w.qf.resize(R * D);
   for (int64_t i = 0; i < nq; ++i)
     for (int64_t g = 0; g < G; ++g) {
@@ -201,17 +223,7 @@ void attend_rows(const T* q, const T* k, const T* v, const T* mask, int64_t row,
   score_rows<T>(w.qf.data(), R, D, kb, L.k_slot, span, w.s.data(), ld);
   std::vector<float>& inv = w.inv;
   inv.resize(R);
-  std::vector<int64_t>& prefix = w.prefix;  // query i may see keys [0, prefix[i]), and others after
-  prefix.resize(nq);
-  for (int64_t i = 0; i < nq; ++i) {
-    const int64_t* idx = w.idx.data() + w.start[i];
-    int64_t lo = 0, hi = w.start[i + 1] - w.start[i];  // idx is increasing: idx[a] == a exactly on a prefix
-    while (lo < hi) {
-      const int64_t mid = (lo + hi) / 2;
-      if (idx[mid] == mid) lo = mid + 1; else hi = mid;
-    }
-    prefix[i] = lo;
-  }
+  const std::vector<int64_t>& prefix = w.prefix;
   alignas(64) float tail[LANES];
   for (int64_t i = 0; i < nq; ++i) {
     const T* m = mask + row * L.m_row + nodes[i] * L.m_node;
@@ -304,6 +316,10 @@ void run(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
       const int64_t gi = u / L.Hkv, kvh = u % L.Hkv;
       const int64_t t0 = first[gi], nq = first[gi + 1] - t0, row = rows[t0];
       const int64_t keys = key_len ? key_len[row] : keys_all;
+      if (w.group != gi) {  // a thread's units run in order: a group's K/V heads one after another
+        group_keys<T>(mp, row, nodes.data() + t0, nq, keys, L, w);
+        w.group = gi;
+      }
       attend_rows<T>(qp, kp, vp, mp, row, ts.data() + t0, nodes.data() + t0, nq, keys, kvh, L, op, w);
     }
   });
