@@ -13,6 +13,7 @@ from drafttree.server.requests import parse_prompt
 
 DEFAULT_MAX_TOKENS = 256
 DEFAULT_TEMPERATURE = 1.0  # OpenAI's default; send "temperature": 0 for greedy (token-identical) decoding
+GREEDY_BELOW = 1e-5  # temperatures under this are greedy decoding, as vLLM reads them (the library refuses < 1e-6)
 MAX_STOPS = 16
 
 
@@ -44,7 +45,7 @@ class GenerationParams(BaseModel):
     model: str | None = None
     max_tokens: int | None = Field(None, gt=0, description=f"new tokens at most (default {DEFAULT_MAX_TOKENS})")
     max_completion_tokens: int | None = Field(None, gt=0, description="same as max_tokens (newer OpenAI name)")
-    temperature: float | None = Field(None, ge=0, description="0 = greedy: exactly the target's tokens")
+    temperature: float | None = Field(None, ge=0, description="0 (or under 1e-5) = greedy: exactly the target's tokens")
     top_p: float | None = Field(None, gt=0, le=1)
     top_k: int | None = Field(None, ge=-1, description="0 or -1 (vLLM's 'off') = off")
     n: int | None = Field(None, ge=1, le=1, description="one completion per request")
@@ -116,7 +117,8 @@ class GenerationParams(BaseModel):
     def generation(self) -> dict:
         """Keyword arguments for a generation, defaults applied."""
         return {"max_new_tokens": self.max_completion_tokens or self.max_tokens or DEFAULT_MAX_TOKENS,
-                "temperature": DEFAULT_TEMPERATURE if self.temperature is None else self.temperature,
+                "temperature": (DEFAULT_TEMPERATURE if self.temperature is None
+                                else 0.0 if self.temperature < GREEDY_BELOW else self.temperature),
                 "top_p": 1.0 if self.top_p is None else self.top_p, "top_k": max(0, self.top_k or 0),
                 "stop": self.stop or [], "seed": self.seed, "logprobs": self.logprob_count()}
 
