@@ -1,25 +1,45 @@
-"""In-process A/B of two kernel builds on the verify-cost curve: budget._measure with gemm._ext swapped per mode."""
-import contextlib, importlib.util, sys, torch
+"""In-process A/B of two builds of the kernel extension on the verify-cost curve (stop 56): the calibration's own
+timing (budget._measure) with gemm._ext swapped between the builds pass by pass, the fastest of REPS passes each.
+Builds are directory names under ~/.cache/drafttree/kernels (a source tree's build: its first use builds it there).
+Usage: python logs/s56_ab_curve.py BUILD_A BUILD_B SIZES REPS, e.g. ... 1,4,8,16,32,64 9"""
+import contextlib
+import importlib.util
+import sys
+
+import torch
+
 import drafttree
 from drafttree import budget
 from drafttree.kernels import gemm
+from drafttree.paths import cache_dir
+
 torch.set_num_threads(2)
 sm = drafttree.load(dtype="bfloat16")
 gemm.small_gemm()
-def load(path, tag):
-    spec = importlib.util.spec_from_file_location("k" + tag + ".drafttree_small_gemm", path)
-    mod = importlib.util.module_from_spec(spec); spec.loader.exec_module(mod); return mod
-base = "/root/.cache/drafttree/kernels/"
-exts = {n: load(base + d + "/drafttree_small_gemm.so", n) for n, d in (("A", sys.argv[1]), ("B", sys.argv[2]))}
-def mode(e):
+
+
+def load(build: str, tag: str):
+    path = cache_dir() / "kernels" / build / "drafttree_small_gemm.so"
+    spec = importlib.util.spec_from_file_location("k" + tag + ".drafttree_small_gemm", path)  # distinct names: two
+    mod = importlib.util.module_from_spec(spec)  # modules, not the first one again
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def using(ext):
     @contextlib.contextmanager
-    def m():
-        old = gemm._ext; gemm._ext = e
-        try: yield
-        finally: gemm._ext = old
-    return m
+    def mode():
+        old, gemm._ext = gemm._ext, ext
+        try:
+            yield
+        finally:
+            gemm._ext = old
+    return mode
+
+
+exts = {"A": load(sys.argv[1], "A"), "B": load(sys.argv[2], "B")}
 sizes = [int(s) for s in sys.argv[3].split(",")]
-curves = budget._measure(sm._runner, {k: mode(e) for k, e in exts.items()}, 256, int(sys.argv[4]), sizes, False)
+curves = budget._measure(sm._runner, {k: using(e) for k, e in exts.items()}, 256, int(sys.argv[4]), sizes, False)
 for n in sizes:
     a, b = curves["A"].verify(n) * 1e3, curves["B"].verify(n) * 1e3
-    print(f"{n:3d} tokens: A {a:6.2f} ms  B {b:6.2f} ms  B/A {b/a:.3f}")
+    print(f"{n:3d} tokens: A {a:6.2f} ms  B {b:6.2f} ms  B/A {b / a:.3f}")
