@@ -209,6 +209,8 @@ BAD = [
     ({"messages": MESSAGES, "tool_choice": "auto"}, "tool_choice"),
     ({"messages": MESSAGES, "frequency_penalty": False}, "frequency_penalty"),
     ({"messages": MESSAGES, "best_of": 3}, "best_of"),
+    ({"messages": [*MESSAGES, {"role": "assistant", "content": None, "tool_calls": [
+        {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}]}]}, "messages[1].tool_calls"),
     ({"messages": MESSAGES, "ignore_eos": True}, "ignore_eos"),
     ({"messages": MESSAGES, "min_tokens": 5}, "min_tokens"),
     ({"messages": MESSAGES, "min_p": 0.1}, "min_p"),

@@ -93,6 +93,9 @@ def parse_messages(body: dict) -> list[dict]:
         if role not in ROLES:
             raise bad_request(f"messages[{i}].role must be one of {', '.join(ROLES)}", f"messages[{i}].role",
                        "invalid_value")
+        if m.get("tool_calls") or m.get("function_call"):  # would be dropped from the prompt: say so instead
+            raise bad_request(f"messages[{i}]: tool calls are not supported by this server",
+                              f"messages[{i}].tool_calls", "invalid_value")
         content = m.get("content")
         if content is None and role == "assistant":
             content = ""
