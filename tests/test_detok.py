@@ -64,3 +64,41 @@ def test_each_step_decodes_a_window_not_everything(default_fp32):
         asm.feed([t])
     assert asm.text == tok.decode(ids, skip_special_tokens=True)
     assert sum(sizes) < 20 * len(ids), f"{sum(sizes)} tokens decoded for {len(ids)}"
+
+
+class ByteTokens:
+    """A byte-level tokenizer over a fixed table (decode joins bytes, U+FFFD for a partial character, as Hugging Face's
+    byte-level decoders do)."""
+
+    def __init__(self, table: list[bytes]):
+        self.table = table
+
+    def decode(self, ids, skip_special_tokens=True):
+        return b"".join(self.table[i] for i in ids).decode("utf-8", "replace")
+
+
+def test_kept_keeps_the_token_that_completes_a_character_before_the_stop():
+    tok = ByteTokens([b"Great", b" job", b" \xf0\x9f", b"\x98\x80", b"\n", b"Bye"])
+    asm = TextAssembler(tok, ["\n"])
+    asm.feed([0, 1, 2])
+    asm.feed([3, 4, 5])
+    assert asm.text == "Great job 😀" and asm.kept() == 4 and tok.decode(asm.tokens[:asm.kept()]) == asm.text
+    for stop, kept in (("😀", 3), (" job", 1), ("Great", 0)):  # a stop at or before the character
+        asm = TextAssembler(tok, [stop])
+        asm.feed([0, 1, 2, 3, 4, 5])
+        assert asm.kept() == kept, stop
+
+
+def test_releasable_holds_back_tokens_whose_text_a_stop_string_may_still_cut():
+    """A stream hands out a token only once its text is shown: a stop string found a step later never takes back a
+    token already handed out."""
+    tok = ByteTokens([b"Hello", b" there", b",", b" 7", b" more"])
+    asm = TextAssembler(tok, [", 7"])
+    asm.feed([0, 1, 2])
+    assert asm.emitted == "Hello ther" and asm.releasable() == 1  # the last 2 characters are held, " there" with them
+    asm.feed([3, 4])
+    assert asm.stopped_at == 11 and asm.releasable() == asm.kept() == 2  # "," begins the stop string: never out
+    assert TextAssembler(tok, []).releasable() == 0
+    plain = TextAssembler(tok, [])
+    plain.feed([0, 1, 2])
+    assert plain.releasable() == 3  # no stop strings: every token goes out at once

@@ -674,3 +674,20 @@ def test_widened_weights_are_kept_until_the_weight_changes_or_goes(monkeypatch):
     del p
     gc.collect()
     assert list(gemm._wide_copies) == [id(a)]
+
+
+def test_a_stale_build_lock_is_removed_and_a_fresh_one_kept(tmp_path):
+    """torch's extension loader waits forever for its lock file: one left by an interrupted build must not hang every
+    later process, while a build in progress (a fresh lock) keeps its own."""
+    import os
+    import time
+
+    from drafttree.kernels.gemm import STALE_LOCK_SECONDS, clear_stale_lock
+
+    lock = tmp_path / "lock"
+    lock.touch()
+    assert not clear_stale_lock(tmp_path) and lock.exists()
+    old = time.time() - STALE_LOCK_SECONDS - 5
+    os.utime(lock, (old, old))
+    assert clear_stale_lock(tmp_path) and not lock.exists()
+    assert not clear_stale_lock(tmp_path)  # no lock: nothing to do

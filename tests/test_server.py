@@ -540,4 +540,14 @@ def test_usage_and_tokens_stop_at_a_stop_string_whatever_the_method(server, sm):
     assert results[0].tokens == results[1].tokens and results[0].new_tokens == len(results[0].tokens) == usages[0]
     stream = sm.stream(messages, max_new_tokens=60, stop=["7"], method="lookup")
     assert [t for chunk in stream for t in chunk.tokens] == results[0].tokens
+    got = []
+    for method in ("ar", "lookup"):  # a stop string over two tokens ("\n", "7"): the first is held back, never out
+        stream = sm.stream(messages, max_new_tokens=60, stop=["\n7"], method=method, logprobs=0)
+        chunks = list(stream)
+        assert stream.result.finish_reason == "stop" and "\n7" not in stream.result.text
+        assert [t for c in chunks for t in c.tokens] == stream.result.tokens
+        assert [e.token for c in chunks for e in c.logprobs] == stream.result.tokens
+        assert sm.tokenizer.decode(stream.result.tokens) == stream.result.text
+        got.append(stream.result.tokens)
+    assert got[0] == got[1] and len(got[0]) < len(results[0].tokens)
     assert sm.tokenizer.decode(results[0].tokens[:-1]).find("7") < 0  # the last token kept is where "7" starts

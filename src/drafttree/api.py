@@ -72,7 +72,9 @@ class GenerationResult:
 
 @dataclass
 class StreamChunk:
-    """One target forward's worth of output: the tokens it accepted and the text they add."""
+    """One target forward's worth of output: the tokens it accepted and the text they add. With stop strings, text
+    that a stop string could still cut is held back, and so are its tokens (they come with a later chunk, or never
+    when the stop string cuts them): the chunks' tokens are always the result's."""
 
     text: str
     tokens: list[int]
@@ -264,21 +266,22 @@ class SpeculativeModel:
         text = TextAssembler(self.tokenizer, stops)
         steps = decode(self._runner, drafter, ids, sampling, max_new_tokens, self.eos_ids, gen, stats,
                        record_rounds, logprobs)
-        step = 0
+        step = sent = 0
         for new in steps:
             delta = text.feed(new, final=stats.finish_reason == "stop")
             step += 1
-            first, end = len(text.tokens) - len(new), text.kept()  # no tokens past a stop string
-            lps = None if logprobs is None else stats.logprobs[first:end]
-            yield StreamChunk(delta, new[: max(0, end - first)], step, lps)
+            end = max(sent, text.releasable())  # tokens go out with their text: none past a stop string
+            lps = None if logprobs is None else stats.logprobs[sent:end]
+            yield StreamChunk(delta, text.tokens[sent:end], step, lps)
+            sent = end
             if text.stopped_at is not None:
                 stats.finish_reason = "stop"
                 steps.close()
                 break
-        rest = text.finish()
-        if rest:
-            yield StreamChunk(rest, [], step, None if logprobs is None else [])
-        kept = text.kept()
+        rest, kept = text.finish(), text.kept()
+        if rest or kept > sent:
+            yield StreamChunk(rest, text.tokens[sent:kept], step,
+                              None if logprobs is None else stats.logprobs[sent:kept])
         stream.result = GenerationResult(text.text, text.tokens[:kept], int(ids.numel()), method, stats,
                                          None if logprobs is None else stats.logprobs[:kept])
 
@@ -341,6 +344,7 @@ class SpeculativeModel:
         waiting, limit = list(seqs), max_batch or len(seqs)
         self._batch_results = [None] * len(seqs)
         steps = [0] * len(seqs)
+        sent = [0] * len(seqs)  # each one's tokens handed out so far
 
         def chunks(seq, new):
             i = seq.tag
@@ -350,16 +354,18 @@ class SpeculativeModel:
             if text.stopped_at is not None and not seq.finished:
                 seq.cancelled = True
                 seq._finish("stop")
-            first, end = len(text.tokens) - len(new), text.kept()  # no tokens past a stop string
-            lps = None if logprobs is None else seq.stats.logprobs[first:end]
-            out = [(i, StreamChunk(delta, new[: max(0, end - first)], steps[i], lps))]
+            a = sent[i]
+            end = sent[i] = max(a, text.releasable())  # tokens go out with their text: none past a stop string
+            lps = None if logprobs is None else seq.stats.logprobs[a:end]
+            out = [(i, StreamChunk(delta, text.tokens[a:end], steps[i], lps))]
             if seq.finished:
-                rest = text.finish()
-                if rest:
-                    out.append((i, StreamChunk(rest, [], steps[i], None if logprobs is None else [])))
-                self._batch_results[i] = GenerationResult(text.text, text.tokens[:end], int(seq.prompt_ids.numel()),
+                rest, kept = text.finish(), text.kept()
+                if rest or kept > end:
+                    out.append((i, StreamChunk(rest, text.tokens[end:kept], steps[i],
+                                               None if logprobs is None else seq.stats.logprobs[end:kept])))
+                self._batch_results[i] = GenerationResult(text.text, text.tokens[:kept], int(seq.prompt_ids.numel()),
                                                           method, seq.stats, None if logprobs is None
-                                                          else seq.stats.logprobs[:end])
+                                                          else seq.stats.logprobs[:kept])
             return out
 
         while waiting or dec.rows:

@@ -22,6 +22,7 @@ class TextAssembler:
         # the window: tokens [start, seam) decode to ``head``, [0, seam) to ``known`` (which ends on a whole character)
         self._start = self._seam = 0
         self._known = self._head = ""
+        self._ends: PrefixEnds | None = None  # where each token's text ends (releasable, with stop strings)
 
     CONTEXT = 4  # tokens before the seam the window starts with (their text gives the next ones' spacing)
 
@@ -76,7 +77,25 @@ class TextAssembler:
         n = len(self.tokens)
         if self.stopped_at is None:
             return n
-        while n > 0 and len(self.tokenizer.decode(self.tokens[: n - 1], skip_special_tokens=True)) >= self.stopped_at:
+        # where token n-1 begins: the text before it, less half a character it completes (U+FFFD until then)
+        while n > 0 and len(self.tokenizer.decode(self.tokens[: n - 1], skip_special_tokens=True).rstrip("\ufffd")
+                            ) >= self.stopped_at:
+            n -= 1
+        return n
+
+    def releasable(self) -> int:
+        """How many of the tokens a stream may hand out with the text shown so far: with stop strings, those whose text
+        went out (text held back for a stop string holds back its tokens too, so a stream never hands out a token
+        the stop string then cuts); once stopped, :meth:`kept`; without stop strings, all of them."""
+        if not self.stops:
+            return len(self.tokens)
+        if self.stopped_at is not None:
+            return self.kept()
+        if self._ends is None:
+            self._ends = PrefixEnds(self.tokenizer)
+        ends, shown = self._ends.update(self.tokens), len(self.emitted)
+        n = len(self.tokens)
+        while n > 0 and ends[n - 1] > shown:
             n -= 1
         return n
 

@@ -24,6 +24,7 @@ import platform
 import shutil
 import sys
 import threading
+import time
 import weakref
 from pathlib import Path
 
@@ -108,13 +109,36 @@ def small_gemm():
     return _ext
 
 
+STALE_LOCK_SECONDS = 15 * 60  # a build takes ~1-2 min; a lock this old was left by a build that was interrupted
+
+
+def clear_stale_lock(build: Path, now: float | None = None) -> bool:
+    """Remove the build directory's lock file if it is older than STALE_LOCK_SECONDS (torch's extension loader waits
+    for it to go, forever: a build interrupted by Ctrl+C or a killed process would hang every later one)."""
+    lock = build / "lock"
+    try:
+        age = (time.time() if now is None else now) - lock.stat().st_mtime
+    except OSError:
+        return False
+    if age < STALE_LOCK_SECONDS:
+        return False
+    print(f"drafttree: removing a kernel build lock left {age / 60:.0f} min ago by an interrupted build ({lock})",
+          file=sys.stderr)
+    lock.unlink(missing_ok=True)
+    return True
+
+
 def _build():
     from torch.utils.cpp_extension import load
 
     source = b"".join(p.read_bytes() for p in SOURCES)
-    key = hashlib.sha256(source + torch.__version__.encode() + _cpu_flags().encode() + sys.version.encode())
+    # the sources' folder too: two checkouts building one directory would rebuild it in turn (its build file names the
+    # sources' paths) and race each other
+    key = hashlib.sha256(source + torch.__version__.encode() + _cpu_flags().encode() + sys.version.encode()
+                         + str(SOURCE.parent.resolve()).encode())
     build = cache_dir() / "kernels" / key.hexdigest()[:16]
     build.mkdir(parents=True, exist_ok=True)
+    clear_stale_lock(build)
     if not any(build.glob("*.so")):
         print("drafttree: building the small-GEMM CPU kernel (once per machine, ~1 min)", file=sys.stderr)
     return load(name="drafttree_small_gemm", sources=[str(p) for p in SOURCES if p.suffix == ".cpp"],

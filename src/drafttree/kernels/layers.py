@@ -173,9 +173,9 @@ def _install_rotary(model: torch.nn.Module) -> None:
             continue
         g = torch.Generator().manual_seed(0)
         ok = True
-        for dtype in _DTYPES:
-            q, k = (torch.randn(2, 4, 3, 16, generator=g).to(dtype) for _ in range(2))
-            cos, sin = (torch.randn(2, 3, 16, generator=g).to(dtype) for _ in range(2))
+        for dtype, tokens, dim in ((d, t, n) for d in _DTYPES for t, n in ((3, 16), (200, 64))):  # the vector path
+            q, k = (torch.randn(2, 4, tokens, dim, generator=g).to(dtype) for _ in range(2))  # and a prompt's threads
+            cos, sin = (torch.randn(2, tokens, dim, generator=g).to(dtype) for _ in range(2))
             with torch.inference_mode():
                 ref, ours = original(q, k, cos, sin), gemm._ext.rotary(q, k, cos, sin)
             ok = ok and all(torch.equal(a, b) for a, b in zip(ref, ours, strict=True))

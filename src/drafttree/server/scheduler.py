@@ -52,8 +52,10 @@ class Job:
     offset: int = 0  # ... and where the next one's text begins
     sent: list = field(default_factory=list)  # the (entry, offset) pairs that went out
     ends: PrefixEnds | None = None  # where each token's text ends (log-probability requests)
+    ended: bool = False  # its last event ("done" or "error") went out
 
     def push(self, *event) -> None:
+        self.ended = self.ended or event[0] in ("done", "error")
         self.loop.call_soon_threadsafe(self.events.put_nowait, event)
 
     def cancel(self) -> None:
@@ -105,6 +107,8 @@ class Scheduler:
         gen.manual_seed(job.seed if job.seed is not None else random.randrange(2**63))
         job.seq = Sequence(job.ids.to(sm.target.device), drafter, job.sampling, job.max_new_tokens,
                            frozenset(sm.eos_ids), gen, tag=job, logprobs=job.logprobs)
+        if job.cancelled:  # cancel() sets the flag before it reads job.seq: one of the two sees the other
+            job.seq.cancelled = True
         job.reported = job.offset = 0
         job.sent = []
         job.text = TextAssembler(sm.tokenizer, job.stops)
@@ -200,9 +204,10 @@ class Scheduler:
         """Every request in the batch (and those that were joining it) gets the error; the loop starts afresh."""
         traceback.print_exc(file=sys.stderr)
         jobs = {id(s.tag): s.tag for s in self.decoder.active}
-        jobs.update((id(j), j) for j in joining if j.seq is None or not j.seq.finished)
+        jobs.update((id(j), j) for j in joining)
         for job in jobs.values():
-            job.push("error", 500, f"internal server error: {type(err).__name__}: {err}")
+            if not job.ended:  # answered already (done, or its own error): nothing more to say
+                job.push("error", 500, f"internal server error: {type(err).__name__}: {err}")
         self.decoder = BatchDecoder(self.sm.batch_target(), self.sm.verify_cost(), self.sm.batch_policy)
         self.decoder.target.keep([])
 
