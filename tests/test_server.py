@@ -550,4 +550,8 @@ def test_usage_and_tokens_stop_at_a_stop_string_whatever_the_method(server, sm):
         assert sm.tokenizer.decode(stream.result.tokens) == stream.result.text
         got.append(stream.result.tokens)
     assert got[0] == got[1] and len(got[0]) < len(results[0].tokens)
+    per_row = {0: [], 1: []}  # the same in a batch, row by row
+    for i, chunk in sm.stream_batch([messages, messages], 60, stop=["\n7"], method="lookup"):
+        per_row[i] += chunk.tokens
+    assert [r.tokens for r in sm.batch_results()] == [per_row[0], per_row[1]] == [got[0], got[0]]
     assert sm.tokenizer.decode(results[0].tokens[:-1]).find("7") < 0  # the last token kept is where "7" starts
