@@ -1,4 +1,4 @@
-"""Put a stop's results into docs/benchmarks.md (the generic form of stops 54-55's logs/sNN_docs.py): the status
+"""Put a stop's results into docs/benchmarks.md (replacing stops 52-55's per-stop copies, in git history): the status
 table at the top replaced by logs/sNN_status.md, logs/sNN_intro.md added before the previous stops' intros, and the
 run tables of logs/sNN_sections.json ([[run dir, heading, "bench" | "concurrency"], ...]) inserted before the first
 section, their plots copied to docs/img. Usage: python logs/stop_docs.py 56"""
