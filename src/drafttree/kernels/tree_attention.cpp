@@ -207,9 +207,9 @@ void group_keys(const T* mask, int64_t row, const int64_t* nodes, int64_t nq, in
 
 template <typename T>
 void attend_rows(const T* q, const T* k, const T* v, const T* mask, int64_t row, const int64_t* ts,
-                 const int64_t* nodes, int64_t nq, int64_t keys, int64_t kvh, const Layout& L, T* out, Scratch& w) {
+                 const int64_t* nodes, int64_t nq, int64_t kvh, const Layout& L, T* out, Scratch& w) {
   const int64_t D = L.D, G = L.groups, R = nq * G;
-  const int64_t span = w.span;
+  const int64_t span = w.span;  // the group's keys: group_keys()
   w.qf.resize(R * D);
   for (int64_t i = 0; i < nq; ++i)
     for (int64_t g = 0; g < G; ++g) {
@@ -320,7 +320,7 @@ void run(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
         group_keys<T>(mp, row, nodes.data() + t0, nq, keys, L, w);
         w.group = gi;
       }
-      attend_rows<T>(qp, kp, vp, mp, row, ts.data() + t0, nodes.data() + t0, nq, keys, kvh, L, op, w);
+      attend_rows<T>(qp, kp, vp, mp, row, ts.data() + t0, nodes.data() + t0, nq, kvh, L, op, w);
     }
   });
 }
