@@ -235,6 +235,22 @@ def test_openai_defaults_that_change_nothing_are_accepted(server, sm):
     assert status == 200 and out["choices"][0]["message"]["content"] == plain
 
 
+def test_a_messages_name_reaches_the_chat_template(server):
+    """OpenAI's per-message ``name`` goes to the chat template with the message (as vLLM passes it); a bad one is a
+    400."""
+    from drafttree.server.requests import parse_messages
+
+    msgs = [{"role": "system", "content": "Be brief.", "name": "rules"},
+            {"role": "user", "content": "Hi", "name": "ada"}]
+    assert [m.get("name") for m in parse_messages({"messages": msgs})] == ["rules", "ada"]
+    status, out = post(server, "/v1/chat/completions", {"messages": msgs, "max_tokens": 2, "temperature": 0})
+    assert status == 200, out
+    for bad in (3, "", ["ada"]):
+        status, out = post(server, "/v1/chat/completions",
+                           {"messages": [{"role": "user", "content": "Hi", "name": bad}], "max_tokens": 2})
+        assert status == 400 and out["error"]["param"] == "messages[0].name", (bad, out)
+
+
 @pytest.mark.parametrize("body,param", BAD)
 def test_bad_chat_requests_are_400(server, body, param):
     status, out = post(server, "/v1/chat/completions", body)
@@ -266,6 +282,21 @@ def test_prompt_longer_than_context(server, sm):
                        {"messages": [{"role": "user", "content": "hello " * (ctx + 10)}], "max_tokens": 4})
     assert status == 400 and out["error"]["code"] == "context_length_exceeded"
     assert out["error"]["param"] == "messages" and "context window" in out["error"]["message"]
+
+
+def test_max_tokens_that_overflow_the_context_are_400_and_the_default_shrinks_to_fit(server, sm, monkeypatch):
+    """As vLLM and OpenAI: a prompt plus an asked-for max_tokens beyond the context window is refused up front; without
+    max_tokens the completion may run to the end of the window (a 64-position window here, so prompts stay short)."""
+    monkeypatch.setattr(sm.batch_target().single, "max_positions", 64)
+    ids = list(range(1000, 1061))  # 3 positions left
+    for key in ("max_tokens", "max_completion_tokens"):
+        status, out = post(server, "/v1/completions", {"prompt": ids, key: 4})
+        assert status == 400 and out["error"]["code"] == "context_length_exceeded", out
+        assert out["error"]["param"] == key and "at most 3 completion tokens fit" in out["error"]["message"]
+    status, out = post(server, "/v1/completions", {"prompt": ids, "max_tokens": 3, "temperature": 0})
+    assert status == 200 and out["usage"]["prompt_tokens"] == 61 and out["usage"]["completion_tokens"] <= 3
+    status, out = post(server, "/v1/completions", {"prompt": ids, "temperature": 0})  # the default, 256, shrunk
+    assert status == 200 and out["usage"]["completion_tokens"] <= 3, out
 
 
 def test_unknown_path_wrong_verb_and_body_too_large(server):

@@ -295,6 +295,16 @@ async def complete(svc: Service, request: Request, chat: bool):
                            "(GET /v1/models)", "model", "model_not_found")
     params = req.generation()
     ids = svc.encode(req, chat)
+    # as vLLM and OpenAI: a prompt and an asked-for max_tokens that do not fit the context window together are a 400
+    # (not an answer cut short); without max_tokens the default shrinks to what fits
+    ctx, asked = svc.sm.batch_target().max_positions, req.max_completion_tokens or req.max_tokens
+    room = ctx - ids.numel()
+    if asked is not None and asked > room:
+        param = "max_completion_tokens" if req.max_completion_tokens else "max_tokens"
+        raise bad_request(f"the model's context window is {ctx} tokens: {ids.numel()} in the prompt and {asked} "
+                          f"asked for the completion; at most {room} completion tokens fit", param,
+                          "context_length_exceeded")
+    params["max_new_tokens"] = min(params["max_new_tokens"], room)
     try:
         sampling = Sampling(params["temperature"], params["top_p"], params["top_k"])
     except DraftTreeError as e:

@@ -99,7 +99,14 @@ def parse_messages(body: dict) -> list[dict]:
         content = m.get("content")
         if content is None and role == "assistant":
             content = ""
-        out.append({"role": "system" if role == "developer" else role, "content": _content_text(content, i)})
+        msg = {"role": "system" if role == "developer" else role, "content": _content_text(content, i)}
+        name = m.get("name")
+        if name is not None:  # a participant's name goes to the chat template, as vLLM passes it (templates that
+            if not isinstance(name, str) or not name:  # have no use for it ignore it)
+                raise bad_request(f"messages[{i}].name must be a non-empty string", f"messages[{i}].name",
+                                  "invalid_type")
+            msg["name"] = name
+        out.append(msg)
     if not any(m["content"].strip() for m in out):
         raise bad_request("'messages' contain no text", "messages", "invalid_value")
     return out
