@@ -30,6 +30,9 @@ def load(build: str, tag: str):
 
 
 exts = {"A": load(sys.argv[1], "A"), "B": load(sys.argv[2], "B")}
+for ext in exts.values():  # each build packs the weights it packs (stop 57: else the first one used decides for both)
+    gemm._ext = ext
+    gemm.pack_tiles(sm._runner.model)
 users = [int(u) for u in sys.argv[3].split(",")]
 chain = int(sys.argv[4]) if len(sys.argv) > 4 else 1
 reps = int(sys.argv[5]) if len(sys.argv) > 5 else 21

@@ -38,6 +38,9 @@ def using(ext):
 
 
 exts = {"A": load(sys.argv[1], "A"), "B": load(sys.argv[2], "B")}
+for ext in exts.values():  # each build packs the weights it packs (stop 57: else the first one used decides for both)
+    with using(ext)():
+        gemm.pack_tiles(sm._runner.model)
 sizes = [int(s) for s in sys.argv[3].split(",")]
 curves = budget._measure(sm._runner, {k: using(e) for k, e in exts.items()}, 256, int(sys.argv[4]), sizes, False)
 for n in sizes:
