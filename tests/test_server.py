@@ -175,6 +175,26 @@ def test_stop_and_seed(server):
     assert a["choices"][0]["message"]["content"] == b["choices"][0]["message"]["content"]
 
 
+def test_n_completions_are_n_rows_each_with_its_own_seed(server, expected):
+    """``n``: one choice per row of the batch; with a seed, choice i is what the same request with seed + i gives alone
+    (so the choices differ and each is reproducible); greedy, every choice is the greedy answer; usage counts the
+    prompt once and every choice's tokens."""
+    sampled = {"messages": MESSAGES, "max_tokens": 8, "temperature": 1.0, "seed": 11}
+    status, out = post(server, "/v1/chat/completions", {**sampled, "n": 3})
+    assert status == 200 and [c["index"] for c in out["choices"]] == [0, 1, 2]
+    alone = [post(server, "/v1/chat/completions", {**sampled, "seed": 11 + i})[1] for i in range(3)]
+    assert [c["message"]["content"] for c in out["choices"]] == [a["choices"][0]["message"]["content"] for a in alone]
+    assert out["usage"]["prompt_tokens"] == alone[0]["usage"]["prompt_tokens"]
+    assert out["usage"]["completion_tokens"] == sum(a["usage"]["completion_tokens"] for a in alone)
+    assert len(out["drafttree"]) == 3
+    greedy = {"messages": MESSAGES, "max_tokens": 12, "temperature": 0, "n": 2}
+    status, out = post(server, "/v1/chat/completions", greedy)
+    assert status == 200 and [c["message"]["content"] for c in out["choices"]] == [expected.text] * 2
+    status, out = post(server, "/v1/completions", {"prompt": "The capital of France is", "max_tokens": 4, "n": 2,
+                                                   "temperature": 0})
+    assert status == 200 and len(out["choices"]) == 2 and out["choices"][0]["text"] == out["choices"][1]["text"]
+
+
 BAD = [
     ({"messages": []}, "messages"),
     ({}, "messages"),
@@ -196,7 +216,9 @@ BAD = [
     ({"messages": MESSAGES, "stream": "yes"}, "stream"),
     ({"messages": MESSAGES, "method": "nope"}, "method"),
     ({"messages": MESSAGES, "method": "eagle2"}, "method"),  # needs a head this server did not load
-    ({"messages": MESSAGES, "n": 2}, "n"),
+    ({"messages": MESSAGES, "n": 17}, "n"),
+    ({"messages": MESSAGES, "n": 0}, "n"),
+    ({"messages": MESSAGES, "n": 2, "stream": True}, None),  # several completions: not streamed
     ({"messages": MESSAGES, "logprobs": "yes"}, "logprobs"),
     ({"messages": MESSAGES, "logprobs": True, "top_logprobs": 21}, "top_logprobs"),
     # fields that would change the output are refused, not ignored (their no-op values pass: NO_OPS below)

@@ -20,7 +20,7 @@ import hmac
 import json
 import time
 import uuid
-from contextlib import asynccontextmanager, suppress
+from contextlib import asynccontextmanager
 from importlib import resources
 
 import torch
@@ -124,16 +124,22 @@ class Service:
         return {"id": rid, "object": "chat.completion.chunk" if chat else "text_completion", "created": created,
                 "model": self.model_name, "choices": [choice], **extra}
 
-    def completion(self, res: dict, chat: bool, rid: str) -> dict:
-        lps = None if res["logprobs"] is None else self.logprobs(res["logprobs"], chat)
-        if chat:
-            choice = {"index": 0, "message": {"role": "assistant", "content": res["text"]}, "logprobs": lps,
-                      "finish_reason": res["finish_reason"]}
-        else:
-            choice = {"index": 0, "text": res["text"], "logprobs": lps, "finish_reason": res["finish_reason"]}
+    def completion(self, results: list[dict], chat: bool, rid: str) -> dict:
+        """The answer to a request of ``len(results)`` completions (n): a choice each; the prompt counted once."""
+        choices = []
+        for i, res in enumerate(results):
+            lps = None if res["logprobs"] is None else self.logprobs(res["logprobs"], chat)
+            if chat:
+                choices.append({"index": i, "message": {"role": "assistant", "content": res["text"]},
+                                "logprobs": lps, "finish_reason": res["finish_reason"]})
+            else:
+                choices.append({"index": i, "text": res["text"], "logprobs": lps,
+                                "finish_reason": res["finish_reason"]})
+        first = results[0]
+        total = {**first, "completion_tokens": sum(r["completion_tokens"] for r in results)}
+        stats = first["drafttree"] if len(results) == 1 else [r["drafttree"] for r in results]
         return {"id": rid, "object": "chat.completion" if chat else "text_completion", "created": int(time.time()),
-                "model": self.model_name, "choices": [choice], "usage": usage(res), "drafttree": res["drafttree"]}
-
+                "model": self.model_name, "choices": choices, "usage": usage(total), "drafttree": stats}
 
     def logprobs(self, entries: list, chat: bool) -> dict:
         """OpenAI's logprobs object for these (TokenLogprob, text offset) pairs: chat's ``content`` list, or the
@@ -309,42 +315,62 @@ async def complete(svc: Service, request: Request, chat: bool):
         sampling = Sampling(params["temperature"], params["top_p"], params["top_k"])
     except DraftTreeError as e:
         raise bad_request(str(e)) from e
-    job = Job(ids, req.method or svc.sm.method, sampling, params["max_new_tokens"], params["stop"], params["seed"],
-              asyncio.get_running_loop(), logprobs=params["logprobs"])
+    seed, loop = params["seed"], asyncio.get_running_loop()
+    jobs = [Job(ids, req.method or svc.sm.method, sampling, params["max_new_tokens"], params["stop"],
+                None if seed is None else (seed + i) & (2**64 - 1), loop, logprobs=params["logprobs"])
+            for i in range(req.n or 1)]  # n completions: n rows of the batch
     try:
-        svc.scheduler.submit(job)
+        for job in jobs:
+            svc.scheduler.submit(job)
     except QueueFull as e:
+        for job in jobs:
+            job.cancel()
         raise RequestError(503, f"the server is busy: {e}; retry later", code="server_busy",
                            type_="server_error") from None
     rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex[:24]
     try:
-        first = await job.events.get()  # errors before the first forward still get a proper HTTP status
+        firsts = [await job.events.get() for job in jobs]  # errors before the first forward get a proper status
     except asyncio.CancelledError:
-        job.cancel()
+        for job in jobs:
+            job.cancel()
         raise
-    if first[0] == "error":
-        raise RequestError(first[1], first[2], type_="server_error" if first[1] >= 500 else "invalid_request_error")
+    for first in firsts:
+        if first[0] == "error":
+            for job in jobs:
+                job.cancel()
+            raise RequestError(first[1], first[2],
+                               type_="server_error" if first[1] >= 500 else "invalid_request_error")
     if req.stream:
         with_usage = bool(req.stream_options and req.stream_options.include_usage)
-        return StreamingResponse(sse(svc, job, first, chat, rid, with_usage), media_type="text/event-stream",
+        return StreamingResponse(sse(svc, jobs[0], firsts[0], chat, rid, with_usage), media_type="text/event-stream",
                                  headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
-    event, check = first, time.monotonic() + DISCONNECT_CHECK_SECONDS
-    try:
+
+    async def last_event(job: Job, event):
         while event[0] == "chunk":
-            with suppress(asyncio.TimeoutError):
-                event = await asyncio.wait_for(job.events.get(), timeout=max(0.0, check - time.monotonic()))
-            # on the clock, not only when no event came: a generating row sends one every round
-            if time.monotonic() >= check:
-                if await request.is_disconnected():  # nobody will read the answer: free the row
-                    job.cancel()
+            event = await job.events.get()
+        return event
+
+    whole = asyncio.gather(*(last_event(job, first) for job, first in zip(jobs, firsts, strict=True)))
+    try:
+        while True:  # the disconnect check on the clock: a generating row sends an event every round
+            try:
+                events = await asyncio.wait_for(asyncio.shield(whole), timeout=DISCONNECT_CHECK_SECONDS)
+                break
+            except asyncio.TimeoutError:
+                if await request.is_disconnected():  # nobody will read the answer: free the rows
+                    for job in jobs:
+                        job.cancel()
+                    whole.cancel()
                     return JSONResponse({}, status_code=499)
-                check = time.monotonic() + DISCONNECT_CHECK_SECONDS
     except asyncio.CancelledError:
-        job.cancel()
+        for job in jobs:
+            job.cancel()
+        whole.cancel()
         raise
-    if event[0] == "error":
-        raise RequestError(event[1], event[2], type_="server_error")
-    return JSONResponse(svc.completion(event[1], chat, rid))
+    for event in events:
+        if event[0] == "error":
+            raise RequestError(event[1], event[2], type_="server_error")
+    return JSONResponse(svc.completion([event[1] for event in events], chat, rid))
 
 
 async def sse(svc: Service, job: Job, event, chat: bool, rid: str, with_usage: bool = False):

@@ -12,6 +12,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from drafttree.server.requests import parse_prompt
 
 DEFAULT_MAX_TOKENS = 256
+MAX_N = 16  # completions per request
 DEFAULT_TEMPERATURE = 1.0  # OpenAI's default; send "temperature": 0 for greedy (token-identical) decoding
 GREEDY_BELOW = 1e-5  # temperatures under this are greedy decoding, as vLLM reads them (the library refuses < 1e-6)
 MAX_STOPS = 16
@@ -48,7 +49,9 @@ class GenerationParams(BaseModel):
     temperature: float | None = Field(None, ge=0, description="0 (or under 1e-5) = greedy: exactly the target's tokens")
     top_p: float | None = Field(None, gt=0, le=1)
     top_k: int | None = Field(None, ge=-1, description="0 or -1 (vLLM's 'off') = off")
-    n: int | None = Field(None, ge=1, le=1, description="one completion per request")
+    n: int | None = Field(None, ge=1, le=MAX_N, description=f"completions of the prompt (up to {MAX_N}; each its own "
+                                                             "row of the batch; with a seed, choice i samples with "
+                                                             "seed + i); streaming takes n = 1")
     seed: int | None = Field(None, description="fixes each position's sample: the text of plain sampling with "
                                                  "this seed, whatever else the server is serving (up to bf16 "
                                                  "near-ties)")
@@ -107,6 +110,8 @@ class GenerationParams(BaseModel):
     def _options_need_stream(self):
         if self.stream_options is not None and not self.stream:
             raise ValueError("stream_options is only allowed with stream: true")  # OpenAI's rule
+        if self.stream and (self.n or 1) > 1:
+            raise ValueError("streaming takes n = 1 here: ask for several completions without stream")
         return self
 
     @field_validator("seed", mode="after")
