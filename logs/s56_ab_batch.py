@@ -2,18 +2,17 @@
 then forwards of every row's tree (the root alone, or a chain of C tokens), alternating gemm._ext between the builds
 (median of REPS each). Usage: python logs/s56_ab_batch.py BUILD_A BUILD_B USERS[,USERS] [CHAIN] [REPS]
 (builds: directory names under ~/.cache/drafttree/kernels, e.g. from logs/s56_ab_curve.py's notes)."""
-import importlib.util
 import statistics
 import sys
 import time
 
 import torch
+from ab_builds import load_build
 
 import drafttree
 from drafttree.bench.concurrency import interleaved_prompts
 from drafttree.bench.tasks import BUILTIN
 from drafttree.kernels import gemm
-from drafttree.paths import cache_dir
 from drafttree.tree import DraftTree
 
 torch.set_num_threads(2)
@@ -21,15 +20,7 @@ sm = drafttree.load(dtype="bfloat16")
 gemm.small_gemm()
 
 
-def load(build: str, tag: str):
-    path = cache_dir() / "kernels" / build / "drafttree_small_gemm.so"
-    spec = importlib.util.spec_from_file_location("k" + tag + ".drafttree_small_gemm", path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
-exts = {"A": load(sys.argv[1], "A"), "B": load(sys.argv[2], "B")}
+exts = {"A": load_build(sys.argv[1], "A"), "B": load_build(sys.argv[2], "B")}
 for ext in exts.values():  # each build packs the weights it packs (stop 57: else the first one used decides for both)
     gemm._ext = ext
     gemm.pack_tiles(sm._runner.model)

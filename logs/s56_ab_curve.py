@@ -3,27 +3,18 @@ timing (budget._measure) with gemm._ext swapped between the builds pass by pass,
 Builds are directory names under ~/.cache/drafttree/kernels (a source tree's build: its first use builds it there).
 Usage: python logs/s56_ab_curve.py BUILD_A BUILD_B SIZES REPS, e.g. ... 1,4,8,16,32,64 9"""
 import contextlib
-import importlib.util
 import sys
 
 import torch
+from ab_builds import load_build
 
 import drafttree
 from drafttree import budget
 from drafttree.kernels import gemm
-from drafttree.paths import cache_dir
 
 torch.set_num_threads(2)
 sm = drafttree.load(dtype="bfloat16")
 gemm.small_gemm()
-
-
-def load(build: str, tag: str):
-    path = cache_dir() / "kernels" / build / "drafttree_small_gemm.so"
-    spec = importlib.util.spec_from_file_location("k" + tag + ".drafttree_small_gemm", path)  # distinct names: two
-    mod = importlib.util.module_from_spec(spec)  # modules, not the first one again
-    spec.loader.exec_module(mod)
-    return mod
 
 
 def using(ext):
@@ -37,7 +28,7 @@ def using(ext):
     return mode
 
 
-exts = {"A": load(sys.argv[1], "A"), "B": load(sys.argv[2], "B")}
+exts = {"A": load_build(sys.argv[1], "A"), "B": load_build(sys.argv[2], "B")}
 for ext in exts.values():  # each build packs the weights it packs (stop 57: else the first one used decides for both)
     with using(ext)():
         gemm.pack_tiles(sm._runner.model)

@@ -1,27 +1,18 @@
 """In-process A/B of two kernel builds on one SmolLM2-135M layer's bf16 products plus its LM head (stop 57): every
 product of a layer (q/k/v, o, gate/up, down) and the 49152-row LM head, at each row count, builds alternated, the
 fastest of REPS passes. Usage: python logs/s57_ab_products.py BUILD_A BUILD_B ROWS REPS"""
-import importlib.util
 import sys
 import time
 
 import torch
+from ab_builds import load_build
 
 from drafttree.kernels.memory import huge_page_copy
-from drafttree.paths import cache_dir
 
 torch.set_num_threads(2)
 
 
-def load(build: str, tag: str):
-    path = cache_dir() / "kernels" / build / "drafttree_small_gemm.so"
-    spec = importlib.util.spec_from_file_location("k" + tag + ".drafttree_small_gemm", path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
-exts = {"A": load(sys.argv[1], "A"), "B": load(sys.argv[2], "B")}
+exts = {"A": load_build(sys.argv[1], "A"), "B": load_build(sys.argv[2], "B")}
 g = torch.Generator().manual_seed(0)
 H, I, KV, V = 576, 1536, 192, 49152
 def w(n, k):  # in huge pages, as a loaded model's weights, and packed there by each build that packs them
