@@ -313,3 +313,57 @@ def test_logprobs_are_the_targets_own_for_every_method_and_path(sm):
     for bad in (21, -1, 1.5, True):
         with pytest.raises(DraftTreeError, match="logprobs must be an integer in 0..20"):
             sm.generate(PROMPT, max_new_tokens=4, logprobs=bad)
+
+
+def test_ignore_eos_runs_past_the_end_token_and_stays_lossless(sm):
+    """vLLM's ignore_eos (benchmark clients send it): the end-of-sequence token no longer ends the generation; every
+    method still gives plain decoding's tokens, alone and in a batch."""
+    short = "Reply with just the word: yes"
+    natural = sm.generate(short, max_new_tokens=64, method="ar")
+    assert natural.finish_reason == "stop" and natural.tokens[-1] in sm.eos_ids
+    n = len(natural.tokens) + 16
+    plain = sm.generate(short, max_new_tokens=n, method="ar", ignore_eos=True)
+    assert plain.finish_reason == "length" and len(plain.tokens) == n
+    assert plain.tokens[: len(natural.tokens)] == natural.tokens
+    assert sm.generate(short, max_new_tokens=n, ignore_eos=True).tokens == plain.tokens
+    s = sm.stream(short, max_new_tokens=n, ignore_eos=True)
+    assert [t for c in s for t in c.tokens] == plain.tokens
+    both = sm.generate([short, PROMPT], max_new_tokens=n, ignore_eos=True)
+    assert both[0].tokens == plain.tokens
+    assert both[1].tokens == sm.generate(PROMPT, max_new_tokens=n, method="ar", ignore_eos=True).tokens
+
+
+def test_stop_token_ids_end_at_the_first_such_token(sm):
+    natural = sm.generate(PROMPT, max_new_tokens=30, method="ar")
+    t = natural.tokens[4]
+    first = natural.tokens.index(t)
+    for kw in ({}, {"method": "ar"}):
+        r = sm.generate(PROMPT, max_new_tokens=30, stop_token_ids=[t], **kw)
+        assert r.finish_reason == "stop" and r.tokens == natural.tokens[: first + 1]
+        assert r.text == sm.tokenizer.decode(r.tokens, skip_special_tokens=True)
+    assert sm.generate(PROMPT, max_new_tokens=30, stop_token_ids=t).tokens == natural.tokens[: first + 1]
+    batch = sm.generate([PROMPT, PROMPT], max_new_tokens=30, stop_token_ids=[t])
+    assert [b.tokens for b in batch] == [natural.tokens[: first + 1]] * 2
+
+
+def test_include_stop_keeps_the_stop_string(sm):
+    prompt = "Count from 1 to 20, separated by commas."
+    full = sm.generate(prompt, max_new_tokens=80, method="ar").text
+    cut = full.index("7")
+    for kw in ({}, {"method": "ar"}):
+        r = sm.generate(prompt, max_new_tokens=80, stop=["7"], include_stop=True, **kw)
+        assert r.finish_reason == "stop" and r.text == full[: cut + 1]
+        assert sm.tokenizer.decode(r.tokens, skip_special_tokens=True).startswith(r.text)
+        s = sm.stream(prompt, max_new_tokens=80, stop="7", include_stop=True, **kw)
+        assert "".join(c.text for c in s) == r.text and s.result.tokens == r.tokens
+    assert sm.generate(prompt, max_new_tokens=80, stop=["7"]).text == full[:cut]
+
+
+@pytest.mark.parametrize("kwargs", [{"stop_token_ids": [-1]}, {"stop_token_ids": [10**9]}, {"stop_token_ids": ["a"]},
+                                    {"stop_token_ids": [True]}, {"ignore_eos": "yes"}])
+def test_bad_end_tokens_are_one_line_errors(sm, kwargs):
+    with pytest.raises(DraftTreeError) as e:
+        sm.generate(PROMPT, max_new_tokens=4, **kwargs)
+    assert "\n" not in str(e.value)
+    with pytest.raises(DraftTreeError):
+        sm.generate([PROMPT, PROMPT], max_new_tokens=4, **kwargs)

@@ -608,3 +608,28 @@ def test_usage_and_tokens_stop_at_a_stop_string_whatever_the_method(server, sm):
         per_row[i] += chunk.tokens
     assert [r.tokens for r in sm.batch_results()] == [per_row[0], per_row[1]] == [got[0], got[0]]
     assert sm.tokenizer.decode(results[0].tokens[:-1]).find("7") < 0  # the last token kept is where "7" starts
+
+
+def test_vllm_end_options_ignore_eos_stop_token_ids_and_include_stop(server, sm):
+    """vLLM's ignore_eos (what `vllm bench serve` and other load generators send), stop_token_ids and
+    include_stop_str_in_output: the library's answers, in OpenAI's shapes; bad ids are a 400."""
+    short = [{"role": "user", "content": "Reply with just the word: yes"}]
+    want = sm.generate(short, max_new_tokens=24, method="ar", ignore_eos=True)
+    status, out = post(server, "/v1/chat/completions", {"messages": short, "max_tokens": 24, "temperature": 0,
+                                                         "ignore_eos": True, "logprobs": True})
+    assert status == 200 and out["choices"][0]["finish_reason"] == "length"
+    assert out["usage"]["completion_tokens"] == 24 == len(out["choices"][0]["logprobs"]["content"])
+    assert out["choices"][0]["message"]["content"] == want.text
+    stop_id = want.tokens[1]
+    status, out = post(server, "/v1/chat/completions", {"messages": short, "max_tokens": 24, "temperature": 0,
+                                                         "stop_token_ids": [stop_id]})
+    assert status == 200 and out["choices"][0]["finish_reason"] == "stop"
+    assert out["usage"]["completion_tokens"] == want.tokens.index(stop_id) + 1
+    count = [{"role": "user", "content": "Count from 1 to 20, separated by commas."}]
+    status, out = post(server, "/v1/chat/completions", {"messages": count, "max_tokens": 60, "temperature": 0,
+                                                         "stop": ["7"], "include_stop_str_in_output": True})
+    text = out["choices"][0]["message"]["content"]
+    assert status == 200 and text.endswith("7") and "6" in text
+    for bad in ([-1], [sm.target.vocab_size], ["x"], 5):
+        status, out = post(server, "/v1/chat/completions", {"messages": short, "max_tokens": 2, "stop_token_ids": bad})
+        assert status == 400 and out["error"]["param"].startswith("stop_token_ids"), (bad, out)

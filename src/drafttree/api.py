@@ -228,11 +228,17 @@ class SpeculativeModel:
                top_p: float = 1.0, top_k: int = 0, stop: list[str] | str | None = None, seed: int | None = None,
                chat: bool = True, method: str | None = None, record_rounds: bool = False,
                method_options: dict | None = None, drafter: Drafter | None = None,
-               logprobs: int | None = None) -> GenerationStream:
+               logprobs: int | None = None, stop_token_ids: list[int] | None = None, ignore_eos: bool = False,
+               include_stop: bool = False) -> GenerationStream:
         """Generate lazily: one :class:`StreamChunk` per target forward, as soon as its tokens are accepted.
 
         ``logprobs=k`` (0..20): each new token's log-probability under the target and its k likeliest alternatives,
         in ``chunk.logprobs`` and ``result.logprobs`` (logprobs.py: from the verify forwards' own logits).
+
+        ``stop_token_ids``: tokens that end the generation as the model's end-of-sequence tokens do (kept in the
+        tokens; in the text unless special); ``ignore_eos``: the end-of-sequence tokens do not end it (generation
+        runs to ``max_new_tokens``, as benchmark clients ask); ``include_stop``: the text ends after the stop string
+        found instead of before it. None of them changes a sampled token, only where the output ends.
 
         ``drafter``: a :class:`~drafttree.drafters.base.Drafter` object of your own instead of a method name
         (a new drafting idea is one small class; the decode loop keeps it lossless)."""
@@ -254,18 +260,31 @@ class SpeculativeModel:
         stops = [stop] if isinstance(stop, str) else list(stop or [])
         if any(not s for s in stops):
             raise DraftTreeError("stop strings must be non-empty")
+        ends = self.end_ids(stop_token_ids, ignore_eos)
         gen = torch.Generator(device=self.target.device)
         gen.manual_seed(seed_value(seed) if seed is not None else random.randrange(2**63))
         stream = GenerationStream(iter(()))
-        stream._it = self._run(ids, drafter, sampling, max_new_tokens, stops, gen, stream, record_rounds, label,
+        text = TextAssembler(self.tokenizer, stops, include_stop)
+        stream._it = self._run(ids, drafter, sampling, max_new_tokens, text, ends, gen, stream, record_rounds, label,
                                logprobs)
         return stream
 
-    def _run(self, ids, drafter, sampling, max_new_tokens, stops, gen, stream, record_rounds, method, logprobs):
+    def end_ids(self, stop_token_ids=None, ignore_eos: bool = False) -> frozenset[int]:
+        """The tokens that end a generation: the target's end-of-sequence tokens (none with ``ignore_eos``) and
+        ``stop_token_ids`` (checked against the vocabulary)."""
+        ids = [stop_token_ids] if is_token_id(stop_token_ids) else list(stop_token_ids or [])
+        vocab = self.target.vocab_size
+        bad = [t for t in ids if not is_token_id(t) or not 0 <= t < vocab]
+        if bad:
+            raise DraftTreeError(f"stop_token_ids must be token ids in 0..{vocab - 1}, got {bad[0]!r}")
+        if not isinstance(ignore_eos, bool):
+            raise DraftTreeError(f"ignore_eos must be true or false, got {ignore_eos!r}")
+        return frozenset(int(t) for t in ids) | (frozenset() if ignore_eos else frozenset(self.eos_ids))
+
+    def _run(self, ids, drafter, sampling, max_new_tokens, text, ends, gen, stream, record_rounds, method, logprobs):
         stats = DecodeStats()
-        text = TextAssembler(self.tokenizer, stops)
-        steps = decode(self._runner, drafter, ids, sampling, max_new_tokens, self.eos_ids, gen, stats,
-                       record_rounds, logprobs)
+        steps = decode(self._runner, drafter, ids, sampling, max_new_tokens, ends, gen, stats, record_rounds,
+                       logprobs)
         step = sent = 0
         for new in steps:
             delta = text.feed(new, final=stats.finish_reason == "stop")
@@ -306,7 +325,8 @@ class SpeculativeModel:
     def stream_batch(self, prompts: list, max_new_tokens: int = 256, temperature: float = 0.0, top_p: float = 1.0,
                      top_k: int = 0, stop: list[str] | str | None = None, seed: int | None = None, chat: bool = True,
                      method: str | None = None, method_options: dict | None = None,
-                     max_batch: int | None = None, logprobs: int | None = None) -> Iterator[tuple[int, StreamChunk]]:
+                     max_batch: int | None = None, logprobs: int | None = None, stop_token_ids: list[int] | None = None,
+                     ignore_eos: bool = False, include_stop: bool = False) -> Iterator[tuple[int, StreamChunk]]:
         """Decode several prompts together (one target forward verifies every row's tree), yielding
         ``(prompt index, chunk)`` as each row's tokens are accepted; at most ``max_batch`` rows at a time, the
         others join as rows finish. Greedy output equals each prompt decoded alone; with ``seed``, row i
@@ -322,6 +342,7 @@ class SpeculativeModel:
         stops = [stop] if isinstance(stop, str) else list(stop or [])
         if any(not s for s in stops):
             raise DraftTreeError("stop strings must be non-empty")
+        ends = self.end_ids(stop_token_ids, ignore_eos)
         if seed is not None:
             seed_value(seed)  # checked before any prompt is encoded
         ids = [self.prompt_ids(p, chat) for p in prompts]
@@ -337,9 +358,9 @@ class SpeculativeModel:
             gen = torch.Generator(device=self.target.device)
             gen.manual_seed((seed_value(seed) + i) & SEED_MASK if seed is not None else random.randrange(2**63))
             drafter = make_drafter(method, self.target, self.draft, self.head, **dict(options))
-            seqs.append(Sequence(x.to(self.target.device), drafter, sampling, max_new_tokens, frozenset(self.eos_ids),
-                                 gen, tag=i, logprobs=logprobs))
-            texts.append(TextAssembler(self.tokenizer, stops))
+            seqs.append(Sequence(x.to(self.target.device), drafter, sampling, max_new_tokens, ends, gen, tag=i,
+                                 logprobs=logprobs))
+            texts.append(TextAssembler(self.tokenizer, stops, include_stop))
         dec = BatchDecoder(self.batch_target(), self.verify_cost(), self.batch_policy)
         waiting, limit = list(seqs), max_batch or len(seqs)
         self._batch_results = [None] * len(seqs)

@@ -80,7 +80,7 @@ def cmd_generate(args) -> int:
         seed = random.randrange(2**31)  # is the reference, token for token (noise.py)
     kw = dict(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_p=args.top_p,
               top_k=args.top_k, seed=seed, chat=not args.raw, stop=args.stop or None,
-              record_rounds=args.verbose, logprobs=args.logprobs)
+              record_rounds=args.verbose, logprobs=args.logprobs, ignore_eos=args.ignore_eos)
     if args.warmup:
         lm.generate(prompt, **{**kw, "max_new_tokens": min(8, args.max_new_tokens)})
     if args.stream and not args.json:
@@ -325,6 +325,8 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--max-new-tokens", type=int, default=256)
     g.add_argument("--seed", type=int, default=None)
     g.add_argument("--stop", action="append", help="stop string (repeatable)")
+    g.add_argument("--ignore-eos", action="store_true",
+                   help="do not stop at the model's end-of-sequence token: generate --max-new-tokens tokens")
     g.add_argument("--raw", action="store_true", help="do not apply the chat template")
     g.add_argument("--compare", action="store_true",
                    help="also run plain decoding (with the same seed when sampling); print speedup and agreement")

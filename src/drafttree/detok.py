@@ -13,11 +13,13 @@ from __future__ import annotations
 
 
 class TextAssembler:
-    def __init__(self, tokenizer, stops: list[str]):
-        self.tokenizer, self.stops = tokenizer, stops
+    def __init__(self, tokenizer, stops: list[str], include_stop: bool = False):
+        """``include_stop``: the text ends after the stop string found (vLLM's include_stop_str_in_output), not
+        before it."""
+        self.tokenizer, self.stops, self.include_stop = tokenizer, stops, include_stop
         self.tokens: list[int] = []
         self.emitted = ""
-        self.stopped_at: int | None = None
+        self.stopped_at: int | None = None  # where the text is cut, once a stop string was found
         self.hold = max((len(s) for s in stops), default=1) - 1
         # the window: tokens [start, seam) decode to ``head``, [0, seam) to ``known`` (which ends on a whole character)
         self._start = self._seam = 0
@@ -52,10 +54,11 @@ class TextAssembler:
         self.tokens.extend(new)
         text = self._decode_all()
         if self.stops:
-            hits = [text.find(s, max(0, len(self.emitted) - self.hold)) for s in self.stops]
-            hits = [h for h in hits if h >= 0]
-            if hits:
-                self.stopped_at = min(hits)
+            hits = [(text.find(s, max(0, len(self.emitted) - self.hold)), -len(s)) for s in self.stops]
+            hits = [h for h in hits if h[0] >= 0]
+            if hits:  # the first stop string in the text (of those starting there, the longest)
+                at, minus_len = min(hits)
+                self.stopped_at = at - minus_len if self.include_stop else at
                 text = text[: self.stopped_at]
         final = final or self.stopped_at is not None
         safe = text if final else text.rstrip("\ufffd")

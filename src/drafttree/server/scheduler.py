@@ -48,6 +48,8 @@ class Job:
     steps: int = 0
     cancelled: bool = False
     logprobs: int | None = None  # alternatives per token, when the request asked for log-probabilities
+    ends: frozenset[int] | None = None  # tokens that end the generation (None: the model's end-of-sequence tokens)
+    include_stop: bool = False  # the text ends after a stop string, not before it
     reported: int = 0  # tokens whose log-probabilities went out ...
     offset: int = 0  # ... and where the next one's text begins
     sent: list = field(default_factory=list)  # the (entry, offset) pairs that went out
@@ -106,12 +108,13 @@ class Scheduler:
         gen = torch.Generator(device=sm.target.device)
         gen.manual_seed(job.seed if job.seed is not None else random.randrange(2**63))
         job.seq = Sequence(job.ids.to(sm.target.device), drafter, job.sampling, job.max_new_tokens,
-                           frozenset(sm.eos_ids), gen, tag=job, logprobs=job.logprobs)
+                           frozenset(sm.eos_ids) if job.ends is None else job.ends, gen, tag=job,
+                           logprobs=job.logprobs)
         if job.cancelled:  # cancel() sets the flag before it reads job.seq: one of the two sees the other
             job.seq.cancelled = True
         job.reported = job.offset = 0
         job.sent = []
-        job.text = TextAssembler(sm.tokenizer, job.stops)
+        job.text = TextAssembler(sm.tokenizer, job.stops, job.include_stop)
         job.ends = None if job.logprobs is None else PrefixEnds(sm.tokenizer)
 
     def _start_all(self, jobs: list[Job]) -> None:
@@ -181,7 +184,7 @@ class Scheduler:
             i = job.reported
             if not final and ends[i] > shown:
                 break
-            if tokens[i] not in self.sm.eos_ids:
+            if not (tokens[i] in self.sm.eos_ids and tokens[i] in job.seq.eos_ids):  # an end-of-sequence that ended it
                 out.append((entries[i], job.offset))
             job.reported, job.offset = i + 1, ends[i]
         job.sent += out

@@ -22,7 +22,7 @@ MAX_STOPS = 16
 # send them by default), refused otherwise
 NO_OPS = {"frequency_penalty": 0, "presence_penalty": 0, "repetition_penalty": 1, "logit_bias": {},
           "response_format": {"type": "text"}, "tools": [], "tool_choice": "none", "best_of": 1, "min_p": 0,
-          "min_tokens": 0, "ignore_eos": False, "stop_token_ids": [], "include_stop_str_in_output": False}
+          "min_tokens": 0}
 
 
 class StreamOptions(BaseModel):
@@ -74,9 +74,12 @@ class GenerationParams(BaseModel):
     best_of: Any = None
     min_p: Any = None  # vLLM's extensions from here on
     min_tokens: Any = None
-    ignore_eos: Any = None
-    stop_token_ids: Any = None
-    include_stop_str_in_output: Any = None
+    ignore_eos: bool | None = Field(None, description="the model's end-of-sequence token does not end the completion "
+                                    "(it runs to max_tokens, as benchmark clients ask)")
+    stop_token_ids: list[int] | None = Field(None, max_length=MAX_STOPS, description="token ids that end the "
+                                             "completion (kept in its text unless special)")
+    include_stop_str_in_output: bool | None = Field(None, description="the text ends after the stop string found, "
+                                                    "not before it")
 
     @field_validator("stop", mode="before")
     @classmethod
@@ -125,7 +128,9 @@ class GenerationParams(BaseModel):
                 "temperature": (DEFAULT_TEMPERATURE if self.temperature is None
                                 else 0.0 if self.temperature < GREEDY_BELOW else self.temperature),
                 "top_p": 1.0 if self.top_p is None else self.top_p, "top_k": max(0, self.top_k or 0),
-                "stop": self.stop or [], "seed": self.seed, "logprobs": self.logprob_count()}
+                "stop": self.stop or [], "seed": self.seed, "logprobs": self.logprob_count(),
+                "stop_token_ids": self.stop_token_ids or [], "ignore_eos": bool(self.ignore_eos),
+                "include_stop": bool(self.include_stop_str_in_output)}
 
     def logprob_count(self) -> int | None:
         """Alternatives per token to report with each token's log-probability; None: no logprobs."""
