@@ -218,7 +218,6 @@ BAD = [
     ({"messages": MESSAGES, "method": "eagle2"}, "method"),  # needs a head this server did not load
     ({"messages": MESSAGES, "n": 17}, "n"),
     ({"messages": MESSAGES, "n": 0}, "n"),
-    ({"messages": MESSAGES, "n": 2, "stream": True}, None),  # several completions: not streamed
     ({"messages": MESSAGES, "logprobs": "yes"}, "logprobs"),
     ({"messages": MESSAGES, "logprobs": True, "top_logprobs": 21}, "top_logprobs"),
     # fields that would change the output are refused, not ignored (their no-op values pass: NO_OPS below)
@@ -233,11 +232,10 @@ BAD = [
     ({"messages": MESSAGES, "best_of": 3}, "best_of"),
     ({"messages": [*MESSAGES, {"role": "assistant", "content": None, "tool_calls": [
         {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}]}]}, "messages[1].tool_calls"),
-    ({"messages": MESSAGES, "ignore_eos": True}, "ignore_eos"),
     ({"messages": MESSAGES, "min_tokens": 5}, "min_tokens"),
+    ({"messages": MESSAGES, "ignore_eos": "maybe"}, "ignore_eos"),
+    ({"messages": MESSAGES, "include_stop_str_in_output": [1]}, "include_stop_str_in_output"),
     ({"messages": MESSAGES, "min_p": 0.1}, "min_p"),
-    ({"messages": MESSAGES, "stop_token_ids": [2]}, "stop_token_ids"),
-    ({"messages": MESSAGES, "include_stop_str_in_output": True}, "include_stop_str_in_output"),
     ({"messages": MESSAGES, "stream_options": {"include_usage": True}}, None),  # only with stream: true
     ({"messages": MESSAGES, "stream": True, "stream_options": {"include_usage": "yes"}},
      "stream_options.include_usage"),
@@ -633,3 +631,29 @@ def test_vllm_end_options_ignore_eos_stop_token_ids_and_include_stop(server, sm)
     for bad in ([-1], [sm.target.vocab_size], ["x"], 5):
         status, out = post(server, "/v1/chat/completions", {"messages": short, "max_tokens": 2, "stop_token_ids": bad})
         assert status == 400 and out["error"]["param"].startswith("stop_token_ids"), (bad, out)
+
+
+def test_n_choices_stream_interleaved_each_chunk_naming_its_index(server):
+    """stream with n > 1, as OpenAI and vLLM stream it: chunks of every choice interleave, each names its index;
+    each choice's text is the non-streamed answer's; one finish chunk per choice; the usage chunk counts the prompt
+    once."""
+    body = {"messages": MESSAGES, "max_tokens": 8, "temperature": 1.0, "seed": 21, "n": 3}
+    status, whole = post(server, "/v1/chat/completions", body)
+    assert status == 200
+    status, _, data = request(server, "POST", "/v1/chat/completions",
+                              {**body, "stream": True, "stream_options": {"include_usage": True}})
+    events = sse_events(data)
+    assert status == 200 and events[-1] == "[DONE]"
+    chunks = [json.loads(e) for e in events[:-1]]
+    texts, finishes, roles = {0: "", 1: "", 2: ""}, {}, {}
+    for c in chunks[:-1]:
+        (choice,) = c["choices"]
+        i = choice["index"]
+        roles.setdefault(i, choice["delta"].get("role"))
+        texts[i] += choice["delta"].get("content", "")
+        if choice["finish_reason"] is not None:
+            assert i not in finishes
+            finishes[i] = choice["finish_reason"]
+    assert roles == {0: "assistant", 1: "assistant", 2: "assistant"} and sorted(finishes) == [0, 1, 2]
+    assert [texts[i] for i in range(3)] == [c["message"]["content"] for c in whole["choices"]]
+    assert chunks[-1]["choices"] == [] and chunks[-1]["usage"] == whole["usage"]

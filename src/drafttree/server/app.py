@@ -113,14 +113,14 @@ class Service:
         return ids
 
     def chunk(self, rid: str, chat: bool, created: int, text: str | None, finish: str | None, extra: dict,
-              first: bool = False, logprobs: dict | None = None) -> dict:
+              first: bool = False, logprobs: dict | None = None, index: int = 0) -> dict:
         if chat:
             delta = {} if text is None else {"content": text}
             if first:
                 delta = {"role": "assistant", **delta}
-            choice = {"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish}
+            choice = {"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish}
         else:
-            choice = {"index": 0, "text": text or "", "logprobs": logprobs, "finish_reason": finish}
+            choice = {"index": index, "text": text or "", "logprobs": logprobs, "finish_reason": finish}
         return {"id": rid, "object": "chat.completion.chunk" if chat else "text_completion", "created": created,
                 "model": self.model_name, "choices": [choice], **extra}
 
@@ -347,7 +347,7 @@ async def complete(svc: Service, request: Request, chat: bool):
                                type_="server_error" if first[1] >= 500 else "invalid_request_error")
     if req.stream:
         with_usage = bool(req.stream_options and req.stream_options.include_usage)
-        return StreamingResponse(sse(svc, jobs[0], firsts[0], chat, rid, with_usage), media_type="text/event-stream",
+        return StreamingResponse(sse(svc, jobs, firsts, chat, rid, with_usage), media_type="text/event-stream",
                                  headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
 
     async def last_event(job: Job, event):
@@ -378,36 +378,66 @@ async def complete(svc: Service, request: Request, chat: bool):
     return JSONResponse(svc.completion([event[1] for event in events], chat, rid))
 
 
-async def sse(svc: Service, job: Job, event, chat: bool, rid: str, with_usage: bool = False):
-    """Server-Sent Events: one chunk per target forward, then the finish chunk (drafttree's stats) and [DONE]. With
+async def merged(jobs: list[Job], firsts: list):
+    """``(choice index, event)`` from every job as its events come, until each job's last."""
+    out: asyncio.Queue = asyncio.Queue()
+
+    async def pump(i: int, job: Job, event) -> None:
+        while True:
+            await out.put((i, event))
+            if event[0] != "chunk":
+                return
+            event = await job.events.get()
+
+    pumps = [asyncio.create_task(pump(i, job, first)) for i, (job, first) in enumerate(zip(jobs, firsts, strict=True))]
+    try:
+        live = len(jobs)
+        while live:
+            i, event = await out.get()
+            live -= event[0] != "chunk"
+            yield i, event
+    finally:
+        for p in pumps:
+            p.cancel()
+
+
+async def sse(svc: Service, jobs: list[Job], firsts: list, chat: bool, rid: str, with_usage: bool = False):
+    """Server-Sent Events: one chunk per target forward and choice (``n`` choices interleave, each chunk naming its
+    index, as OpenAI streams them), then each choice's finish chunk (drafttree's stats) and [DONE]. With
     ``with_usage`` (``stream_options.include_usage``) every chunk has ``usage: null`` and one more chunk, with no
-    choices, carries the usage before [DONE], as OpenAI streams it."""
-    created, n = int(time.time()), 0
+    choices, carries the usage (the prompt counted once) before [DONE], as OpenAI streams it."""
+    created, started, results = int(time.time()), set(), []
     none = {"usage": None} if with_usage else {}
 
     def data(obj) -> bytes:
         return b"data: " + (obj if isinstance(obj, bytes) else json.dumps(obj, ensure_ascii=False).encode()) + b"\n\n"
 
+    events = merged(jobs, firsts)
     try:
-        while True:
+        async for i, event in events:
             if event[0] == "chunk":
                 _, text, accepted, step, entries = event
                 stats = {**none, "drafttree": {"step": step, "accepted": accepted}}
                 lps = None if entries is None else svc.logprobs(entries, chat)
-                yield data(svc.chunk(rid, chat, created, text, None, stats, first=n == 0, logprobs=lps))
-                n += 1
+                yield data(svc.chunk(rid, chat, created, text, None, stats, first=i not in started, logprobs=lps,
+                                     index=i))
+                started.add(i)
             elif event[0] == "done":
                 res = event[1]
+                results.append(res)
                 yield data(svc.chunk(rid, chat, created, None, res["finish_reason"],
-                                     {**none, "drafttree": res["drafttree"]}, first=n == 0))
-                if with_usage:
-                    last = svc.chunk(rid, chat, created, None, None, {"usage": usage(res)})
-                    yield data({**last, "choices": []})
-                break
+                                     {**none, "drafttree": res["drafttree"]}, first=i not in started, index=i))
+                started.add(i)
             else:  # headers are sent: report in-band, then end the stream
                 yield data(RequestError(event[1], event[2], type_="server_error").body())
                 break
-            event = await job.events.get()
+        else:
+            if with_usage:
+                total = {**results[0], "completion_tokens": sum(r["completion_tokens"] for r in results)}
+                last = svc.chunk(rid, chat, created, None, None, {"usage": usage(total)})
+                yield data({**last, "choices": []})
         yield data(b"[DONE]")
     finally:
-        job.cancel()  # a client that went away frees its row at the next round (a no-op once finished)
+        await events.aclose()
+        for job in jobs:
+            job.cancel()  # a client that went away frees its row at the next round (a no-op once finished)

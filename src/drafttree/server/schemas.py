@@ -113,8 +113,6 @@ class GenerationParams(BaseModel):
     def _options_need_stream(self):
         if self.stream_options is not None and not self.stream:
             raise ValueError("stream_options is only allowed with stream: true")  # OpenAI's rule
-        if self.stream and (self.n or 1) > 1:
-            raise ValueError("streaming takes n = 1 here: ask for several completions without stream")
         return self
 
     @field_validator("seed", mode="after")
