@@ -77,9 +77,12 @@ def chi2_pvalue(counts: np.ndarray, probs: np.ndarray, min_expected: float = 5.0
 
 
 def reference_warp(logits: np.ndarray, s) -> np.ndarray:
-    """Temperature, top-k, top-p (a Sampling ``s``): written here without drafttree's code (rows of a 2-D array), for
-    the reference distributions of the sampling tests."""
+    """Temperature, min-p, top-k, top-p (a Sampling ``s``): written here without drafttree's code (rows of a 2-D
+    array), for the reference distributions of the sampling tests."""
     z = logits.astype(np.float64) / s.temperature
+    if getattr(s, "min_p", 0.0):  # tokens at least min_p times as likely as the likeliest (before top-k, as vLLM)
+        p = np.exp(z - z.max(-1, keepdims=True))
+        z = np.where(p >= s.min_p * p.max(-1, keepdims=True), z, -np.inf)
     if s.top_k:
         kth = np.sort(z, axis=-1)[:, -s.top_k][:, None]
         z = np.where(z >= kth, z, -np.inf)

@@ -221,21 +221,22 @@ BAD = [
     ({"messages": MESSAGES, "logprobs": "yes"}, "logprobs"),
     ({"messages": MESSAGES, "logprobs": True, "top_logprobs": 21}, "top_logprobs"),
     # fields that would change the output are refused, not ignored (their no-op values pass: NO_OPS below)
-    ({"messages": MESSAGES, "frequency_penalty": 0.5}, "frequency_penalty"),
-    ({"messages": MESSAGES, "presence_penalty": -1}, "presence_penalty"),
-    ({"messages": MESSAGES, "repetition_penalty": 1.2}, "repetition_penalty"),
-    ({"messages": MESSAGES, "logit_bias": {"42": 100}}, "logit_bias"),
     ({"messages": MESSAGES, "response_format": {"type": "json_object"}}, "response_format"),
     ({"messages": MESSAGES, "tools": [{"type": "function", "function": {"name": "f"}}]}, "tools"),
     ({"messages": MESSAGES, "tool_choice": "auto"}, "tool_choice"),
-    ({"messages": MESSAGES, "frequency_penalty": False}, "frequency_penalty"),
     ({"messages": MESSAGES, "best_of": 3}, "best_of"),
+    ({"messages": MESSAGES, "frequency_penalty": 2.5}, "frequency_penalty"),
+    ({"messages": MESSAGES, "presence_penalty": "lots"}, "presence_penalty"),
+    ({"messages": MESSAGES, "repetition_penalty": 0}, "repetition_penalty"),
+    ({"messages": MESSAGES, "logit_bias": {"42": 101}}, "logit_bias"),
+    ({"messages": MESSAGES, "logit_bias": {"forty": 1}}, "logit_bias"),
+    ({"messages": MESSAGES, "logit_bias": {"999999999": 1}}, "logit_bias"),
+    ({"messages": MESSAGES, "min_tokens": -1}, "min_tokens"),
+    ({"messages": MESSAGES, "min_p": 1.5}, "min_p"),
     ({"messages": [*MESSAGES, {"role": "assistant", "content": None, "tool_calls": [
         {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}]}]}, "messages[1].tool_calls"),
-    ({"messages": MESSAGES, "min_tokens": 5}, "min_tokens"),
     ({"messages": MESSAGES, "ignore_eos": "maybe"}, "ignore_eos"),
     ({"messages": MESSAGES, "include_stop_str_in_output": [1]}, "include_stop_str_in_output"),
-    ({"messages": MESSAGES, "min_p": 0.1}, "min_p"),
     ({"messages": MESSAGES, "stream_options": {"include_usage": True}}, None),  # only with stream: true
     ({"messages": MESSAGES, "stream": True, "stream_options": {"include_usage": "yes"}},
      "stream_options.include_usage"),
@@ -657,3 +658,19 @@ def test_n_choices_stream_interleaved_each_chunk_naming_its_index(server):
     assert roles == {0: "assistant", 1: "assistant", 2: "assistant"} and sorted(finishes) == [0, 1, 2]
     assert [texts[i] for i in range(3)] == [c["message"]["content"] for c in whole["choices"]]
     assert chunks[-1]["choices"] == [] and chunks[-1]["usage"] == whole["usage"]
+
+
+def test_penalties_biases_and_min_p_are_the_librarys(server, sm):
+    """OpenAI's presence / frequency penalties and logit_bias, vLLM's repetition_penalty, min_p and min_tokens: the
+    library's answer for the same settings (each method exact for the adjusted distribution: test_penalties.py)."""
+    settings = {"frequency_penalty": 1.0, "presence_penalty": 0.5, "repetition_penalty": 1.2, "min_tokens": 10,
+                "logit_bias": {"13": 3.0}}
+    want = sm.generate(MESSAGES, max_new_tokens=16, **{**settings, "logit_bias": {13: 3.0}})
+    status, out = post(server, "/v1/chat/completions", {"messages": MESSAGES, "max_tokens": 16, "temperature": 0,
+                                                         **settings})
+    assert status == 200 and out["choices"][0]["message"]["content"] == want.text
+    assert want.text != sm.generate(MESSAGES, max_new_tokens=16).text
+    sampled = {"messages": MESSAGES, "max_tokens": 12, "temperature": 1.0, "seed": 3, "min_p": 0.1}
+    want = sm.generate(MESSAGES, max_new_tokens=12, temperature=1.0, seed=3, min_p=0.1)
+    status, out = post(server, "/v1/chat/completions", sampled)
+    assert status == 200 and out["choices"][0]["message"]["content"] == want.text

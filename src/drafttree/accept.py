@@ -4,9 +4,10 @@ Every rule returns the accepted root-to-node path of a verified :class:`~drafttr
 the next token (the target's correction, or its bonus token when the whole path was accepted).
 
 Why the sampling rule is lossless. Sampling is an argmax (:mod:`drafttree.noise`): the token the target samples at
-sequence position t is argmax_x (log r(x) + g_t(x)), r the target's distribution there (after temperature, top-k and
-top-p) and g_t a vector of independent standard Gumbel variables fixed by the seed and t alone, so it is distributed
-exactly as r (the Gumbel-max trick), independently of every other position. The rule walks the tree from the root:
+sequence position t is argmax_x (log r(x) + g_t(x)), r the target's distribution there (after penalties and biases,
+each node's for its own path (penalties.py), then temperature, min-p, top-k and top-p) and g_t a vector of independent
+standard Gumbel variables fixed by the seed and t alone, so it is distributed exactly as r (the Gumbel-max trick),
+independently of every other position. The rule walks the tree from the root:
 at a node at depth d (the root at position P) it computes the target's token y at position P + d + 1 from the
 node's logits, follows the child whose token is y, and stops at a node with no such child, emitting y. Every
 emitted token is therefore the target's own sample given the tokens before it, which is what plain sampling with the
@@ -27,6 +28,7 @@ from dataclasses import dataclass
 import torch
 
 from drafttree.errors import DraftTreeError
+from drafttree.penalties import LogitAdjust
 from drafttree.tree import DraftTree
 
 MIN_TEMPERATURE = 1e-6  # below it, logits / temperature may overflow float32
@@ -41,9 +43,13 @@ class Sampling:
     temperature: float = 0.0
     top_p: float = 1.0
     top_k: int = 0
+    min_p: float = 0.0  # keep tokens at least min_p times as likely as the likeliest (after the temperature)
+    adjust: LogitAdjust | None = None  # penalties, logit_bias, min_tokens: applied per tree node (penalties.py)
 
     def __post_init__(self):
-        t, p, k = self.temperature, self.top_p, self.top_k
+        t, p, k, m = self.temperature, self.top_p, self.top_k, self.min_p
+        if not _is_number(m) or not (0.0 <= m <= 1.0):
+            raise DraftTreeError(f"min_p must be in [0, 1], got {m!r}")
         if not _is_number(t) or not math.isfinite(t) or t < 0:
             raise DraftTreeError(f"temperature must be a finite number >= 0, got {t!r}")
         if 0 < t < MIN_TEMPERATURE:  # logits / t would overflow float32 (a softmax of inf is NaN)
@@ -54,15 +60,16 @@ class Sampling:
             raise DraftTreeError(f"top_k must be an integer >= 0 (0 = off), got {k!r}")
 
     @classmethod
-    def of(cls, temperature, top_p, top_k) -> Sampling:
+    def of(cls, temperature, top_p, top_k, min_p=0.0, adjust: LogitAdjust | None = None) -> Sampling:
         """From user values (ints for floats are fine, ``None`` and strings are not): one-line errors, no casts that
         could turn a bad value into a raw TypeError or a silently different one (``int(0.9)`` is 0)."""
-        temperature, top_p, top_k = (x.item() if isinstance(x, torch.Tensor) and x.numel() == 1 else x
-                                     for x in (temperature, top_p, top_k))  # 0-d tensors, as float() took them
+        temperature, top_p, top_k, min_p = (x.item() if isinstance(x, torch.Tensor) and x.numel() == 1 else x
+                                            for x in (temperature, top_p, top_k, min_p))  # 0-d tensors too
         if _is_number(top_k) and float(top_k).is_integer():
             top_k = int(top_k)
         return cls(float(temperature) if _is_number(temperature) else temperature,
-                   float(top_p) if _is_number(top_p) else top_p, top_k)
+                   float(top_p) if _is_number(top_p) else top_p, top_k,
+                   float(min_p) if _is_number(min_p) else min_p, adjust)
 
     @property
     def greedy(self) -> bool:
@@ -70,10 +77,13 @@ class Sampling:
 
 
 def warped_logits(logits: torch.Tensor, sampling: Sampling) -> torch.Tensor:
-    """Float32 logits of the target's sampling distribution: divided by the temperature, -inf outside the top-k
-    and outside the top-p nucleus (their softmax is :func:`warp_probs`). Rows of a 2-D input are warped apart."""
+    """Float32 logits of the target's sampling distribution: divided by the temperature, -inf below min-p, outside
+    the top-k and outside the top-p nucleus (their softmax is :func:`warp_probs`). Rows of a 2-D input are warped
+    apart."""
     z = logits.float() - logits.amax(-1, keepdim=True).float()  # the top logit at 0: float32's grid is finest there,
     z.div_(sampling.temperature)  # so at small temperatures z + noise does not round near-ties onto one value
+    if sampling.min_p > 0.0:  # p >= min_p * p_max, i.e. z >= log(min_p) with the top logit at 0 (vLLM: before top-k)
+        z = z.masked_fill(z < math.log(sampling.min_p), float("-inf"))
     if sampling.top_k and sampling.top_k < z.shape[-1]:
         kth = z.topk(sampling.top_k, dim=-1).values[..., -1:]
         z = z.masked_fill(z < kth, float("-inf"))
@@ -83,7 +93,7 @@ def warped_logits(logits: torch.Tensor, sampling: Sampling) -> torch.Tensor:
 
 
 def warp_probs(logits: torch.Tensor, sampling: Sampling) -> torch.Tensor:
-    """Target sampling distribution from logits: temperature, then top-k, then top-p (nucleus), float32."""
+    """Target sampling distribution from logits: temperature, then min-p, top-k, top-p (nucleus), float32."""
     if sampling.greedy:
         out = torch.zeros_like(logits, dtype=torch.float32)
         return out.scatter_(-1, logits.argmax(-1, keepdim=True), 1.0)

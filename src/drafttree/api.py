@@ -19,6 +19,7 @@ from drafttree.drafters.options import parse_options
 from drafttree.errors import DraftTreeError
 from drafttree.logprobs import TokenLogprob, check_top
 from drafttree.models import DEFAULT_MODEL, LoadedModel, check_same_vocabulary, load_model
+from drafttree.penalties import LogitAdjust
 from drafttree.target import TargetModel
 
 
@@ -229,7 +230,9 @@ class SpeculativeModel:
                chat: bool = True, method: str | None = None, record_rounds: bool = False,
                method_options: dict | None = None, drafter: Drafter | None = None,
                logprobs: int | None = None, stop_token_ids: list[int] | None = None, ignore_eos: bool = False,
-               include_stop: bool = False) -> GenerationStream:
+               include_stop: bool = False, min_p: float = 0.0, presence_penalty: float = 0.0,
+               frequency_penalty: float = 0.0, repetition_penalty: float = 1.0, logit_bias: dict | None = None,
+               min_tokens: int = 0) -> GenerationStream:
         """Generate lazily: one :class:`StreamChunk` per target forward, as soon as its tokens are accepted.
 
         ``logprobs=k`` (0..20): each new token's log-probability under the target and its k likeliest alternatives,
@@ -240,11 +243,16 @@ class SpeculativeModel:
         runs to ``max_new_tokens``, as benchmark clients ask); ``include_stop``: the text ends after the stop string
         found instead of before it. None of them changes a sampled token, only where the output ends.
 
+        ``min_p``, ``presence_penalty``, ``frequency_penalty``, ``repetition_penalty``, ``logit_bias`` ({token id:
+        bias}) and ``min_tokens`` (end tokens banned before it) change the target's distribution as vLLM defines
+        them (penalties.py); every method then gives exactly what plain decoding with the same settings gives.
+
         ``drafter``: a :class:`~drafttree.drafters.base.Drafter` object of your own instead of a method name
         (a new drafting idea is one small class; the decode loop keeps it lossless)."""
         if max_new_tokens is None or max_new_tokens <= 0:
             raise DraftTreeError(f"max_new_tokens must be > 0, got {max_new_tokens}")
-        sampling = Sampling.of(temperature, top_p, top_k)
+        sampling = self.sampling(temperature, top_p, top_k, min_p, presence_penalty, frequency_penalty,
+                                 repetition_penalty, logit_bias, min_tokens)
         logprobs = check_top(logprobs)
         ids = self.prompt_ids(prompt, chat)
         if ids.numel() == 0:
@@ -268,6 +276,13 @@ class SpeculativeModel:
         stream._it = self._run(ids, drafter, sampling, max_new_tokens, text, ends, gen, stream, record_rounds, label,
                                logprobs)
         return stream
+
+    def sampling(self, temperature=0.0, top_p=1.0, top_k=0, min_p=0.0, presence_penalty=0.0, frequency_penalty=0.0,
+                 repetition_penalty=1.0, logit_bias=None, min_tokens=0) -> Sampling:
+        """The sampling settings of a generation, checked (one-line errors)."""
+        adjust = LogitAdjust.of(presence_penalty, frequency_penalty, repetition_penalty, logit_bias, min_tokens,
+                                vocab=self.target.vocab_size)
+        return Sampling.of(temperature, top_p, top_k, min_p, adjust)
 
     def end_ids(self, stop_token_ids=None, ignore_eos: bool = False) -> frozenset[int]:
         """The tokens that end a generation: the target's end-of-sequence tokens (none with ``ignore_eos``) and
@@ -326,7 +341,9 @@ class SpeculativeModel:
                      top_k: int = 0, stop: list[str] | str | None = None, seed: int | None = None, chat: bool = True,
                      method: str | None = None, method_options: dict | None = None,
                      max_batch: int | None = None, logprobs: int | None = None, stop_token_ids: list[int] | None = None,
-                     ignore_eos: bool = False, include_stop: bool = False) -> Iterator[tuple[int, StreamChunk]]:
+                     ignore_eos: bool = False, include_stop: bool = False, min_p: float = 0.0,
+                     presence_penalty: float = 0.0, frequency_penalty: float = 0.0, repetition_penalty: float = 1.0,
+                     logit_bias: dict | None = None, min_tokens: int = 0) -> Iterator[tuple[int, StreamChunk]]:
         """Decode several prompts together (one target forward verifies every row's tree), yielding
         ``(prompt index, chunk)`` as each row's tokens are accepted; at most ``max_batch`` rows at a time, the
         others join as rows finish. Greedy output equals each prompt decoded alone; with ``seed``, row i
@@ -337,7 +354,8 @@ class SpeculativeModel:
             raise DraftTreeError(f"max_new_tokens must be > 0, got {max_new_tokens}")
         if max_batch is not None and max_batch <= 0:
             raise DraftTreeError(f"max_batch must be > 0, got {max_batch}")
-        sampling = Sampling.of(temperature, top_p, top_k)
+        sampling = self.sampling(temperature, top_p, top_k, min_p, presence_penalty, frequency_penalty,
+                                 repetition_penalty, logit_bias, min_tokens)
         logprobs = check_top(logprobs)
         stops = [stop] if isinstance(stop, str) else list(stop or [])
         if any(not s for s in stops):

@@ -17,6 +17,7 @@ from drafttree.drafters.base import Drafter, DraftRequest
 from drafttree.logprobs import TokenLogprob, token_logprobs
 from drafttree.noise import Noise
 from drafttree.target import TargetModel
+from drafttree.tree import DraftTree
 
 
 @dataclass
@@ -88,7 +89,13 @@ def decode(
     watch = Stopwatch(stats, target.device)
     pre = target.prefill(prompt_ids)
     noise = Noise.from_generator(generator, pre.logits.shape[-1])  # fixes every position's sample (noise.py)
-    root = sample_token(pre.logits[-1], sampling, noise, prompt_ids.numel())
+    adjust, n_prompt = sampling.adjust, prompt_ids.numel()
+    first = pre.logits[-1]
+    if adjust is not None:  # penalties and biases (penalties.py): the prompt's last token as a lone root
+        one = DraftTree.root_only(int(prompt_ids.reshape(-1)[-1]), first.device)
+        first = adjust.apply(first[None], one.tokens, one.ancestors, one.depths, prompt_ids.reshape(-1).tolist(),
+                             n_prompt, eos_ids)[0]
+    root = sample_token(first, sampling, noise, n_prompt)
     watch.lap("time_prefill")
     drafter.begin(prompt_ids, pre.features, root)
     watch.lap("time_draft")
@@ -116,7 +123,9 @@ def decode(
         out = target.forward_tree(tree.tokens, tree.depths, tree.ancestors)  # verify
         watch.lap("time_verify")
         drafter.verified(tree.size, len(context), stats.time_verify - verified)
-        path, nxt = accept(tree, out.logits, sampling, noise, req.root_pos)  # accept
+        logits = out.logits if adjust is None else adjust.apply(out.logits, tree.tokens, tree.ancestors, tree.depths,
+                                                                   context, n_prompt, eos_ids)
+        path, nxt = accept(tree, logits, sampling, noise, req.root_pos)  # accept
         target.commit(path)
         committed = tree.tokens[path].tolist()
         watch.lap("time_other")

@@ -29,7 +29,6 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import HTMLResponse, JSONResponse, StreamingResponse
 from starlette.exceptions import HTTPException
 
-from drafttree.accept import Sampling
 from drafttree.drafters import REGISTRY
 from drafttree.errors import DraftTreeError
 from drafttree.server.requests import MAX_BODY_BYTES, RequestError, bad_request, parse_messages, validate
@@ -37,6 +36,9 @@ from drafttree.server.scheduler import Job, QueueFull, Scheduler
 from drafttree.server.schemas import ChatRequest, CompletionRequest
 
 RETRY_AFTER_SECONDS = 2
+# a generation's sampling settings, in SpeculativeModel.sampling's order (the request's names)
+SAMPLING_PARAMS = ("temperature", "top_p", "top_k", "min_p", "presence_penalty", "frequency_penalty",
+                   "repetition_penalty", "logit_bias", "min_tokens")
 DISCONNECT_CHECK_SECONDS = 1.0  # how often a non-streaming request checks that its client is still there
 
 
@@ -312,9 +314,9 @@ async def complete(svc: Service, request: Request, chat: bool):
                           "context_length_exceeded")
     params["max_new_tokens"] = min(params["max_new_tokens"], room)
     try:
-        sampling = Sampling(params["temperature"], params["top_p"], params["top_k"])
+        sampling = svc.sm.sampling(*(params[k] for k in SAMPLING_PARAMS))
     except DraftTreeError as e:
-        raise bad_request(str(e)) from e
+        raise bad_request(str(e), next((k for k in SAMPLING_PARAMS if k in str(e)), None)) from e
     try:
         ends = svc.sm.end_ids(params["stop_token_ids"], params["ignore_eos"])
     except DraftTreeError as e:

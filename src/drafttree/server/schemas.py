@@ -20,9 +20,7 @@ MAX_STOPS = 16
 
 # OpenAI (and vLLM) fields that would change what is generated, with their no-op values: accepted at those (clients
 # send them by default), refused otherwise
-NO_OPS = {"frequency_penalty": 0, "presence_penalty": 0, "repetition_penalty": 1, "logit_bias": {},
-          "response_format": {"type": "text"}, "tools": [], "tool_choice": "none", "best_of": 1, "min_p": 0,
-          "min_tokens": 0}
+NO_OPS = {"response_format": {"type": "text"}, "tools": [], "tool_choice": "none", "best_of": 1}
 
 
 class StreamOptions(BaseModel):
@@ -64,16 +62,19 @@ class GenerationParams(BaseModel):
     suffix: Any = None
     # OpenAI fields that would change what is generated: accepted at their no-op values (clients send them by default),
     # refused otherwise, never silently ignored: the server samples the target's own distribution
-    frequency_penalty: Any = None
-    presence_penalty: Any = None
-    repetition_penalty: Any = None  # vLLM's extension
-    logit_bias: Any = None
+    frequency_penalty: float | None = Field(None, ge=-2, le=2, description="minus this times the token's count in "
+                                            "the output so far (OpenAI's definition)")
+    presence_penalty: float | None = Field(None, ge=-2, le=2, description="minus this once the token is in the output")
+    repetition_penalty: float | None = Field(None, gt=0, le=2, description="vLLM's: divides positive logits "
+                                             "(multiplies negative ones) of tokens in the prompt or the output")
+    logit_bias: dict[str, float] | None = Field(None, description="token id -> bias in [-100, 100] added to its logit")
     response_format: Any = None
     tools: Any = None
     tool_choice: Any = None
     best_of: Any = None
-    min_p: Any = None  # vLLM's extensions from here on
-    min_tokens: Any = None
+    min_p: float | None = Field(None, ge=0, le=1, description="vLLM's: drop tokens less likely than min_p times the "
+                                "likeliest")
+    min_tokens: int | None = Field(None, ge=0, description="vLLM's: the end tokens are banned until this many are out")
     ignore_eos: bool | None = Field(None, description="the model's end-of-sequence token does not end the completion "
                                     "(it runs to max_tokens, as benchmark clients ask)")
     stop_token_ids: list[int] | None = Field(None, max_length=MAX_STOPS, description="token ids that end the "
@@ -128,7 +129,10 @@ class GenerationParams(BaseModel):
                 "top_p": 1.0 if self.top_p is None else self.top_p, "top_k": max(0, self.top_k or 0),
                 "stop": self.stop or [], "seed": self.seed, "logprobs": self.logprob_count(),
                 "stop_token_ids": self.stop_token_ids or [], "ignore_eos": bool(self.ignore_eos),
-                "include_stop": bool(self.include_stop_str_in_output)}
+                "include_stop": bool(self.include_stop_str_in_output), "min_p": self.min_p or 0.0,
+                "presence_penalty": self.presence_penalty or 0.0, "frequency_penalty": self.frequency_penalty or 0.0,
+                "repetition_penalty": 1.0 if self.repetition_penalty is None else self.repetition_penalty,
+                "logit_bias": self.logit_bias or {}, "min_tokens": self.min_tokens or 0}
 
     def logprob_count(self) -> int | None:
         """Alternatives per token to report with each token's log-probability; None: no logprobs."""

@@ -1,0 +1,99 @@
+"""Logit adjustments that depend on what came before: OpenAI's presence / frequency penalties and logit_bias, vLLM's
+repetition penalty and min_tokens.
+
+They define a different target distribution (the adjusted logits, then temperature, min-p, top-k, top-p), and every
+tree node is adjusted for its own path: the tokens generated before the round plus its ancestors in the tree. The
+acceptance rule then walks the tree on the adjusted logits exactly as on raw ones (accept.py), so each emitted token is
+the adjusted target's own sample: speculative decoding stays exact for the adjusted distribution, whatever drafted.
+
+The definitions are vLLM's (and OpenAI's for the first three): the repetition penalty divides a positive logit (and
+multiplies a negative one) of every token seen in the prompt or the output; then each token's logit loses
+``frequency_penalty`` times its count in the output and ``presence_penalty`` once if it occurs there; ``logit_bias``
+is added first; while fewer than ``min_tokens`` tokens are out, the end tokens are banned.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+from dataclasses import dataclass
+
+import torch
+
+from drafttree.errors import DraftTreeError
+
+MAX_BIAS = 100.0  # OpenAI's range for logit_bias values
+
+
+def _number(name: str, v, lo: float, hi: float, open_lo: bool = False) -> float:
+    if isinstance(v, bool) or not isinstance(v, numbers.Real) or not math.isfinite(v) or v > hi or v < lo or (
+            open_lo and v == lo):
+        raise DraftTreeError(f"{name} must be a number in {'(' if open_lo else '['}{lo:g}, {hi:g}], got {v!r}")
+    return float(v)
+
+
+@dataclass(frozen=True)
+class LogitAdjust:
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    logit_bias: tuple[tuple[int, float], ...] = ()
+    min_tokens: int = 0
+
+    @classmethod
+    def of(cls, presence_penalty=0.0, frequency_penalty=0.0, repetition_penalty=1.0, logit_bias=None,
+           min_tokens=0, vocab: int | None = None) -> LogitAdjust | None:
+        """From user values, checked (one-line errors); None when nothing would change."""
+        presence = _number("presence_penalty", presence_penalty, -2.0, 2.0)
+        frequency = _number("frequency_penalty", frequency_penalty, -2.0, 2.0)
+        repetition = _number("repetition_penalty", repetition_penalty, 0.0, 2.0, open_lo=True)
+        bias = []
+        for k, v in dict(logit_bias or {}).items():
+            tok = int(k) if isinstance(k, str) and k.strip().lstrip("-").isdigit() else k
+            if isinstance(tok, bool) or not isinstance(tok, numbers.Integral) or tok < 0 or (
+                    vocab is not None and tok >= vocab):
+                raise DraftTreeError(f"logit_bias keys must be token ids in 0..{(vocab or 0) - 1}, got {k!r}")
+            bias.append((int(tok), _number("a logit_bias value", v, -MAX_BIAS, MAX_BIAS)))
+        if isinstance(min_tokens, bool) or not isinstance(min_tokens, numbers.Integral) or min_tokens < 0:
+            raise DraftTreeError(f"min_tokens must be an integer >= 0, got {min_tokens!r}")
+        out = cls(presence, frequency, repetition, tuple(sorted(bias)), int(min_tokens))
+        return out if out != cls() else None
+
+    def apply(self, logits: torch.Tensor, tokens: torch.Tensor, ancestors: torch.Tensor, depths: torch.Tensor,
+              context: list[int], prompt_len: int, end_ids) -> torch.Tensor:
+        """Float32 adjusted logits of tree nodes ``[n, V]``: node i's ``tokens[i]``, ``ancestors[i]`` its path
+        (itself included, the root node 0 being ``context``'s last token), ``depths[i]`` its depth; ``context``: the
+        prompt (``prompt_len`` tokens) and the tokens generated so far; ``end_ids``: what min_tokens bans."""
+        z = logits.float().clone()
+        n, vocab = z.shape
+        dev = z.device
+        for tok, b in self.logit_bias:
+            z[:, tok] += b
+        out_so_far = len(context) - prompt_len
+        if self.min_tokens and end_ids:
+            early = (out_so_far + depths) < self.min_tokens  # the token after node i is output number out+depth+1
+            if bool(early.any()):
+                ends = torch.tensor(sorted(t for t in end_ids if 0 <= t < vocab), dtype=torch.long, device=dev)
+                z[early.nonzero().flatten()[:, None], ends[None, :]] = float("-inf")
+        if self.presence_penalty == self.frequency_penalty == 0.0 and self.repetition_penalty == 1.0:
+            return z
+        ctx = torch.tensor(context, dtype=torch.long, device=dev)
+        tree_tokens = tokens.to(dev)
+        cols = torch.unique(torch.cat([ctx, tree_tokens]))  # every token whose logit a penalty may touch
+        out_counts = torch.zeros(len(cols), dtype=torch.float32, device=dev)
+        out_counts.index_add_(0, torch.searchsorted(cols, ctx[prompt_len:]),
+                              torch.ones(len(context) - prompt_len, device=dev))
+        # node i's path below the root: its ancestors but node 0 (the root is context's last token already)
+        path = ancestors.to(dev)[:, 1:].float()  # [n, n - 1]
+        hits = torch.zeros(n - 1, len(cols), dtype=torch.float32, device=dev)
+        if n > 1:
+            hits[torch.arange(n - 1, device=dev), torch.searchsorted(cols, tree_tokens[1:])] = 1.0
+        counts = out_counts[None, :] + path @ hits  # [n, cols]: each node's output counts of those tokens
+        seen = torch.isin(cols, ctx)[None, :] | (counts > 0)  # in the prompt or the output
+        sub = z[:, cols]
+        if self.repetition_penalty != 1.0:
+            r = self.repetition_penalty
+            sub = torch.where(seen, torch.where(sub > 0, sub / r, sub * r), sub)
+        sub = sub - self.frequency_penalty * counts - self.presence_penalty * (counts > 0).float()
+        z[:, cols] = sub
+        return z
