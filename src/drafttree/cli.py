@@ -80,7 +80,9 @@ def cmd_generate(args) -> int:
         seed = random.randrange(2**31)  # is the reference, token for token (noise.py)
     kw = dict(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_p=args.top_p,
               top_k=args.top_k, seed=seed, chat=not args.raw, stop=args.stop or None,
-              record_rounds=args.verbose, logprobs=args.logprobs, ignore_eos=args.ignore_eos)
+              record_rounds=args.verbose, logprobs=args.logprobs, ignore_eos=args.ignore_eos, min_p=args.min_p,
+              presence_penalty=args.presence_penalty, frequency_penalty=args.frequency_penalty,
+              repetition_penalty=args.repetition_penalty, min_tokens=args.min_tokens)
     if args.warmup:
         lm.generate(prompt, **{**kw, "max_new_tokens": min(8, args.max_new_tokens)})
     if args.stream and not args.json:
@@ -323,6 +325,11 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--top-p", type=float, default=1.0)
     g.add_argument("--top-k", type=int, default=0, help="target sampling top-k (0 = off)")
     g.add_argument("--max-new-tokens", type=int, default=256)
+    g.add_argument("--min-p", type=float, default=0.0, help="drop tokens less likely than this times the likeliest")
+    g.add_argument("--presence-penalty", type=float, default=0.0, help="as OpenAI's (-2..2)")
+    g.add_argument("--frequency-penalty", type=float, default=0.0, help="as OpenAI's (-2..2)")
+    g.add_argument("--repetition-penalty", type=float, default=1.0, help="as vLLM's (> 0; 1 = off)")
+    g.add_argument("--min-tokens", type=int, default=0, help="the end tokens are banned until this many are out")
     g.add_argument("--seed", type=int, default=None)
     g.add_argument("--stop", action="append", help="stop string (repeatable)")
     g.add_argument("--ignore-eos", action="store_true",
