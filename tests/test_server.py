@@ -674,3 +674,52 @@ def test_penalties_biases_and_min_p_are_the_librarys(server, sm):
     want = sm.generate(MESSAGES, max_new_tokens=12, temperature=1.0, seed=3, min_p=0.1)
     status, out = post(server, "/v1/chat/completions", sampled)
     assert status == 200 and out["choices"][0]["message"]["content"] == want.text
+
+
+def test_metrics_count_requests_tokens_and_accepted_drafts(server, sm):
+    """GET /metrics in Prometheus' text format: the counters move by what a request used."""
+    def scrape() -> dict:
+        status, headers, data = request(server, "GET", "/metrics")
+        assert status == 200 and headers["content-type"].startswith("text/plain")
+        values = {}
+        for line in data.decode().splitlines():
+            if line and not line.startswith("#"):
+                name, value = line.rsplit(" ", 1)
+                values[name.split("{")[0] + ("[stop]" if 'finished_reason="stop"' in name else "")
+                       + ("[length]" if 'finished_reason="length"' in name else "")] = float(value)
+        return values
+
+    before = scrape()
+    status, out = post(server, "/v1/chat/completions", {"messages": MESSAGES, "max_tokens": 7, "temperature": 0})
+    assert status == 200
+    after = scrape()
+    usage = out["usage"]
+    assert after["drafttree_prompt_tokens_total"] - before["drafttree_prompt_tokens_total"] == usage["prompt_tokens"]
+    assert (after["drafttree_generation_tokens_total"] - before["drafttree_generation_tokens_total"]
+            == usage["completion_tokens"])
+    forwards = after["drafttree_target_forwards_total"] - before["drafttree_target_forwards_total"]
+    assert forwards == out["drafttree"]["target_forwards"]
+    finished = out["choices"][0]["finish_reason"]
+    assert after[f"drafttree_request_success_total[{finished}]"] - before.get(
+        f"drafttree_request_success_total[{finished}]", 0) == 1
+    assert after["drafttree_e2e_request_latency_seconds_count"] > before["drafttree_e2e_request_latency_seconds_count"]
+    assert after["drafttree_time_to_first_token_seconds_sum"] > before["drafttree_time_to_first_token_seconds_sum"]
+    assert after["drafttree_num_requests_running"] == 0
+    bad = after["drafttree_request_failure_total"]
+    post(server, "/v1/chat/completions", {"messages": MESSAGES, "max_tokens": 2, "stop_token_ids": [-1]})  # a 400
+    assert scrape()["drafttree_request_failure_total"] == bad  # refused before it was queued: not a failure
+
+
+def test_tokenize_and_detokenize(server, sm):
+    status, out = post(server, "/tokenize", {"messages": MESSAGES})
+    assert status == 200 and out["tokens"] == sm.encode_prompt(MESSAGES, chat=True).tolist()
+    assert out["count"] == len(out["tokens"]) and out["max_model_len"] == sm.batch_target().max_positions
+    status, raw = post(server, "/tokenize", {"prompt": "The capital of France"})
+    assert status == 200 and raw["tokens"] == sm.encode_prompt("The capital of France", chat=False).tolist()
+    status, back = post(server, "/detokenize", {"tokens": raw["tokens"]})
+    assert status == 200 and back["prompt"] == "The capital of France"
+    for path, body in (("/tokenize", {}), ("/tokenize", {"prompt": 5}), ("/tokenize", {"prompt": "a", "messages": []}),
+                       ("/tokenize", {"messages": "hi"}), ("/detokenize", {"tokens": [-1]}),
+                       ("/detokenize", {"tokens": "abc"}), ("/detokenize", [1, 2])):
+        status, out = post(server, path, body)
+        assert status == 400 and out["error"]["type"] == "invalid_request_error", (path, body, out)

@@ -26,7 +26,7 @@ from importlib import resources
 import torch
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import HTMLResponse, JSONResponse, StreamingResponse
+from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse, StreamingResponse
 from starlette.exceptions import HTTPException
 
 from drafttree.drafters import REGISTRY
@@ -39,6 +39,7 @@ RETRY_AFTER_SECONDS = 2
 # a generation's sampling settings, in SpeculativeModel.sampling's order (the request's names)
 SAMPLING_PARAMS = ("temperature", "top_p", "top_k", "min_p", "presence_penalty", "frequency_penalty",
                    "repetition_penalty", "logit_bias", "min_tokens")
+PROMETHEUS_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 DISCONNECT_CHECK_SECONDS = 1.0  # how often a non-streaming request checks that its client is still there
 
 
@@ -257,6 +258,43 @@ def create_app(sm, api_key: str | None = None, max_batch: int = 16, max_queue: i
             return JSONResponse({"status": "error", "model": svc.model_name,
                                  "error": "the decode loop has stopped; restart the server"}, status_code=503)
         return {"status": "ok", "model": svc.model_name, **(svc.scheduler.load() if svc.scheduler else {})}
+
+    @app.get("/metrics", response_class=PlainTextResponse)
+    async def metrics():
+        """Prometheus' text format: requests, tokens, latencies, tokens per target forward (server/metrics.py)."""
+        if svc.scheduler is None:
+            return PlainTextResponse("", media_type=PROMETHEUS_TYPE)
+        load = svc.scheduler.load()
+        return PlainTextResponse(svc.scheduler.metrics.render(svc.model_name, load["rows"], load["waiting"]),
+                                 media_type=PROMETHEUS_TYPE)
+
+    @app.post("/tokenize")
+    async def tokenize(request: Request):
+        """vLLM's: a prompt (or chat messages, templated) as token ids, with the context window."""
+        svc.authorize(request)
+        body = await svc.read_json(request)
+        if not isinstance(body, dict) or ("prompt" in body) == ("messages" in body):
+            raise bad_request("send {\"prompt\": text} or {\"messages\": [...]}", "prompt")
+        chat = "messages" in body
+        if not chat and not isinstance(body["prompt"], str):
+            raise bad_request("prompt must be a string", "prompt")
+        try:
+            ids = svc.sm.encode_prompt(parse_messages(body) if chat else body["prompt"], chat=chat)
+        except DraftTreeError as e:
+            raise bad_request(str(e), "messages" if chat else "prompt") from e
+        return {"count": int(ids.numel()), "max_model_len": svc.sm.batch_target().max_positions,
+                "tokens": ids.tolist()}
+
+    @app.post("/detokenize")
+    async def detokenize(request: Request):
+        """vLLM's: token ids as text."""
+        svc.authorize(request)
+        body = await svc.read_json(request)
+        tokens = body.get("tokens") if isinstance(body, dict) else None
+        vocab = svc.sm.target.vocab_size
+        if not isinstance(tokens, list) or not all(type(t) is int and 0 <= t < vocab for t in tokens):
+            raise bad_request(f"tokens must be a list of token ids in [0, {vocab})", "tokens")
+        return {"prompt": svc.sm.tokenizer.decode(tokens)}
 
     @app.get("/v1/models")
     async def models(request: Request):

@@ -13,6 +13,7 @@ import collections
 import random
 import sys
 import threading
+import time
 import traceback
 from dataclasses import dataclass, field
 
@@ -23,6 +24,7 @@ from drafttree.batching import BatchDecoder, Sequence
 from drafttree.detok import PrefixEnds, TextAssembler
 from drafttree.drafters import make_drafter
 from drafttree.errors import DraftTreeError
+from drafttree.server.metrics import Metrics
 
 
 class QueueFull(Exception):
@@ -55,6 +57,8 @@ class Job:
     sent: list = field(default_factory=list)  # the (entry, offset) pairs that went out
     ends: PrefixEnds | None = None  # where each token's text ends (log-probability requests)
     ended: bool = False  # its last event ("done" or "error") went out
+    arrived: float = field(default_factory=time.monotonic)
+    first_at: float | None = None  # when its first token went out
 
     def push(self, *event) -> None:
         self.ended = self.ended or event[0] in ("done", "error")
@@ -77,6 +81,7 @@ class Scheduler:
         self.pool: dict[str, list] = collections.defaultdict(list)
         self.stopping = False
         self.served = 0
+        self.metrics = Metrics()
         self.thread = threading.Thread(target=self._run, name="drafttree-scheduler", daemon=True)
         self.thread.start()
 
@@ -152,6 +157,7 @@ class Scheduler:
             traceback.print_exc(file=sys.stderr)
             job.push("error", 500, f"internal server error: {type(e).__name__}: {e}")
             self.decoder.target.keep(list(range(len(self.decoder.active))))
+        self.metrics.request_failed()
         return False
 
     def _deliver(self, job: Job, new: list[int]) -> None:
@@ -163,13 +169,19 @@ class Scheduler:
         if new or delta:
             job.steps += 1
             job.push("chunk", delta, len(new), job.steps, self._logprobs(job, seq.finished))
+            if job.first_at is None:
+                job.first_at = time.monotonic()
+                self.metrics.first_token(job.first_at - job.arrived)
         if seq.finished:
             rest, lps = job.text.finish(), self._logprobs(job, True)
             if rest or lps:
                 job.push("chunk", rest, 0, job.steps, lps)
             self.pool[job.method].append(seq.drafter)
             self.served += 1
-            job.push("done", self._result(job))
+            result = self._result(job)
+            self.metrics.request_done(result["finish_reason"], result["prompt_tokens"], result["completion_tokens"],
+                                      seq.stats.target_forwards, time.monotonic() - job.arrived)
+            job.push("done", result)
 
     def _logprobs(self, job: Job, final: bool) -> list | None:
         """(entry, text offset) of the tokens not yet reported whose text went out (all that count, once ``final``;
@@ -211,6 +223,7 @@ class Scheduler:
         for job in jobs.values():
             if not job.ended:  # answered already (done, or its own error): nothing more to say
                 job.push("error", 500, f"internal server error: {type(err).__name__}: {err}")
+                self.metrics.request_failed()
         self.decoder = BatchDecoder(self.sm.batch_target(), self.sm.verify_cost(), self.sm.batch_policy)
         self.decoder.target.keep([])
 
