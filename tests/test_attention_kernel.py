@@ -149,3 +149,89 @@ def test_tree_forward_with_the_kernel_matches_torch_attention(arch, monkeypatch)
     assert len(calls) == model.config.num_hidden_layers  # every layer's attention went through the kernel
     torch.testing.assert_close(with_kernel, logits(False), rtol=1e-5, atol=1e-5)
     assert len(calls) == model.config.num_hidden_layers
+
+
+# ------------------------------------------------------------------------------------ prompt (prefill) attention
+
+needs_prompt_kernel = pytest.mark.skipif(ext is None or not getattr(ext, "prompt_attention_ready", False),
+                                         reason="no AVX-512 bf16 prompt-attention kernel in this build")
+
+
+def causal_reference(q, k, v, scale):
+    """softmax(q k^T * scale) v in float64, causal, grouped heads: q [T, H, D], k and v [Hkv, T, D]."""
+    T, H, _ = q.shape
+    groups = H // k.shape[0]
+    kk, vv = k.double().repeat_interleave(groups, 0), v.double().repeat_interleave(groups, 0)
+    s = torch.einsum("thd,hsd->hts", q.double(), kk) * scale
+    s = s.masked_fill(torch.ones(T, T, dtype=torch.bool).triu(1), float("-inf"))
+    return torch.einsum("hts,hsd->thd", s.softmax(-1), vv)
+
+
+@needs_prompt_kernel
+@pytest.mark.parametrize("T,heads,kv_heads,D", [(1, 9, 3, 64), (17, 9, 3, 64), (64, 4, 4, 32), (65, 9, 3, 64),
+                                                (200, 8, 2, 128), (300, 9, 3, 64)])
+def test_prompt_attention_is_as_close_to_float64_as_torchs(T, heads, kv_heads, D):
+    """Causal, grouped heads, blocks of queries and keys cut anywhere; its error is torch's flash kernel's (both
+    round the output to bf16; the kernel also rounds the probabilities)."""
+    g = torch.Generator().manual_seed(T)
+    q = torch.randn(T, heads, D, generator=g).bfloat16()
+    cache = torch.randn(2, kv_heads, T + 50, D, generator=g).bfloat16() * 2  # keys/values as a cache's first slots
+    k, v = cache[0, :, :T], cache[1, :, :T]
+    scale = D**-0.5
+    want = causal_reference(q, k, v, scale)
+    got = ext.prompt_attention(q, k, v, scale).double()
+    torch_out = torch.nn.functional.scaled_dot_product_attention(
+        q.transpose(0, 1)[None], k[None], v[None], is_causal=True, scale=scale, enable_gqa=True)[0].transpose(0, 1)
+    err, torch_err = (got - want).abs().max().item(), (torch_out.double() - want).abs().max().item()
+    assert err <= 2 * torch_err + 1e-3, (err, torch_err)
+
+
+@needs_prompt_kernel
+def test_prompt_attention_never_reads_the_future_and_rows_are_independent():
+    g = torch.Generator().manual_seed(1)
+    q = torch.randn(130, 9, 64, generator=g).bfloat16()
+    k, v = torch.randn(2, 3, 130, 64, generator=g).bfloat16()
+    base = ext.prompt_attention(q, k, v, 0.125)
+    k2, v2, q2 = k.clone(), v.clone(), q.clone()
+    k2[:, 100:] = 1e4  # later keys, values and queries changed: earlier outputs keep their bits
+    v2[:, 100:] = -7
+    q2[100:] = 3
+    assert torch.equal(ext.prompt_attention(q2, k2, v2, 0.125)[:100], base[:100])
+    assert torch.equal(ext.prompt_attention(q[:77].contiguous(), k[:, :77], v[:, :77], 0.125), base[:77])
+    with pytest.raises(RuntimeError, match="prompt_attention"):
+        ext.prompt_attention(q.float(), k, v, 0.125)
+
+
+@needs_prompt_kernel
+def test_a_prompt_prefilled_alone_or_packed_with_others_gets_the_same_bits():
+    """bf16 prefill of the default model through the kernel: a prompt alone and the same prompt packed with others
+    (batching) give the same logits, and the kernel is what ran. (Prompts over 64 tokens: alone, a shorter one's
+    products take another path than packed, which changes bf16 bits with or without this kernel.)"""
+    from drafttree import attention
+    from drafttree.batching import BatchTarget
+    from drafttree.models import load_model
+
+    model = load_model("smollm2-135m-instruct", dtype="bfloat16", device="cpu", show_progress=False).model
+    calls = []
+    real = ext.prompt_attention
+
+    class Counting:
+        prompt_attention_ready = True
+
+        def prompt_attention(self, *args):
+            calls.append(args[0].shape[0])
+            return real(*args)
+
+    orig = attention.kernel_for
+    attention.kernel_for = lambda d, t: None if orig(d, t) is None else Counting()
+    try:
+        g = torch.Generator().manual_seed(0)
+        prompts = [torch.randint(100, 40000, (n,), generator=g) for n in (150, 70, 300)]
+        bt = BatchTarget(model)
+        packed = bt.add_many(prompts, [4, 4, 4])
+        assert sorted(set(calls)) == [70, 150, 300]
+        for p, out in zip(prompts, packed):
+            alone = BatchTarget(model).add_many([p], [4])[0]
+            assert torch.equal(alone.logits, out.logits)
+    finally:
+        attention.kernel_for = orig

@@ -100,10 +100,27 @@ def _prompt_rows(module, query, key, value, prompts: PromptRows, dropout, scalin
     """Each prompt's queries over its own row's keys, causal: the call a prefill of the prompt alone makes."""
     outs = []
     for r, (a, b) in enumerate(zip(prompts.starts, prompts.starts[1:]), start=prompts.first):
-        outs.append(sdpa_attention_forward(module, query[:, :, a:b], key[r:r + 1, :, : b - a],
-                                           value[r:r + 1, :, : b - a], None, dropout=dropout, scaling=scaling,
-                                           **kwargs)[0])
+        outs.append(_causal_prompt(module, query[:, :, a:b], key[r:r + 1, :, : b - a], value[r:r + 1, :, : b - a],
+                                   dropout, scaling, kwargs)[0])
     return torch.cat(outs, dim=1), None
+
+
+def _causal_prompt(module, query, key, value, dropout, scaling, kwargs):
+    """A prompt's causal attention over its own keys (one sequence, as many keys as queries, no mask): the AVX-512
+    bf16 kernel where it runs (``kernels/prompt_attention.cpp``: 2-3.5x torch's flash kernel on long prompts), else
+    torch's. Prompts prefilled alone and packed together both come here, so they get the same bits."""
+    ext = None
+    if (query.device.type == "cpu" and query.dtype == torch.bfloat16 and key.dtype == value.dtype == query.dtype
+            and query.shape[0] == key.shape[0] == 1 and query.shape[2] == key.shape[2] and not dropout
+            and key.shape[1] > 0 and query.shape[1] % key.shape[1] == 0 and query.shape[-1] % 32 == 0
+            and key.stride(-1) == 1 and value.stride(-1) == 1 and getattr(module, "is_causal", True)
+            and all(kwargs.get(k) is None for k in ("softcap", "position_bias", "s_aux", "sinks", "sliding_window"))):
+        ext = kernel_for(query.device, query.dtype)
+    if ext is None or not getattr(ext, "prompt_attention_ready", False):
+        return sdpa_attention_forward(module, query, key, value, None, dropout=dropout, scaling=scaling, **kwargs)
+    scale = scaling if scaling is not None else query.shape[-1] ** -0.5
+    out = ext.prompt_attention(query[0].transpose(0, 1).contiguous(), key[0], value[0], scale)  # [T, H, D]
+    return out.unsqueeze(0), None
 
 
 def _packed(module, query, key, value, attention_mask, runs: list[RowRun], **kwargs):
@@ -190,6 +207,8 @@ def grouped_sdpa(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor
 
 def _attend(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
             attention_mask: torch.Tensor | None, dropout: float = 0.0, scaling: float | None = None, **kwargs):
+    if attention_mask is None and query.shape[2] == key.shape[2]:  # a prompt over its own keys (a prefill)
+        return _causal_prompt(module, query, key, value, dropout, scaling, kwargs)
     groups = getattr(module, "num_key_value_groups", 1)
     B, H, T, D = query.shape
     # T == 1 with a mask is a batch's plain round: folding keeps it free of copies too

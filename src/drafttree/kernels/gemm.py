@@ -39,10 +39,11 @@ from drafttree.paths import cache_dir
 # before the tiles' inner loop was unrolled; not measured there since.
 MAX_ROWS = 64
 SOURCE = Path(__file__).with_name("small_gemm.cpp")
-# the extension: the GEMM (and the module), bf16 products on AMX tiles, decode attention, RMSNorm and rotary, a whole
-# decode layer, and the vector backend they share
-SOURCES = tuple(SOURCE.with_name(n) for n in ("small_gemm.cpp", "amx_gemm.cpp", "tree_attention.cpp", "layer_ops.cpp",
-                                              "decode_layer.cpp", "kernels.h", "simd.h"))
+# the extension: the GEMM (and the module), bf16 products on AMX tiles, decode attention, prompt attention, RMSNorm
+# and rotary, a whole decode layer, and the vector backend they share
+SOURCES = tuple(SOURCE.with_name(n) for n in ("small_gemm.cpp", "amx_gemm.cpp", "tree_attention.cpp",
+                                              "prompt_attention.cpp", "layer_ops.cpp", "decode_layer.cpp", "kernels.h",
+                                              "simd.h"))
 _DTYPES = (torch.float32, torch.bfloat16)
 NO_INDEX = torch.empty(0, dtype=torch.long)  # "not given" for the kernels' optional index tensors
 

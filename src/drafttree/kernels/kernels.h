@@ -45,6 +45,9 @@ std::vector<torch::Tensor> rotary(const torch::Tensor& q, const torch::Tensor& k
 torch::Tensor tree_attention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
                              const torch::Tensor& mask, const torch::Tensor& q_row, const torch::Tensor& q_node,
                              const torch::Tensor& key_len, int64_t per_row, double scale);
+// causal attention of a prompt over its own keys on AVX-512 bf16 (prompt_attention.cpp): whether this build has it
+bool prompt_attention_ready();
+torch::Tensor prompt_attention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v, double scale);
 std::vector<torch::Tensor> decode_layer(const torch::Tensor& hidden, const c10::optional<torch::Tensor>& norm1,
                                         double eps1, const std::vector<torch::Tensor>& qkv,
                                         const std::vector<c10::optional<torch::Tensor>>& qkv_biases,

@@ -495,4 +495,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         py::call_guard<py::gil_scoped_release>());
   m.def("amx_forget", &drafttree_kernels::amx_forget, py::call_guard<py::gil_scoped_release>());
   m.def("decode_layer", &drafttree_kernels::decode_layer, py::call_guard<py::gil_scoped_release>());
+  m.attr("prompt_attention_ready") = drafttree_kernels::prompt_attention_ready();  // AVX-512 bf16 build
+  m.def("prompt_attention", &drafttree_kernels::prompt_attention, py::arg("q"), py::arg("k"), py::arg("v"),
+        py::arg("scale"), py::call_guard<py::gil_scoped_release>());
 }
