@@ -340,7 +340,12 @@ def test_stop_token_ids_end_at_the_first_such_token(sm):
     for kw in ({}, {"method": "ar"}):
         r = sm.generate(PROMPT, max_new_tokens=30, stop_token_ids=[t], **kw)
         assert r.finish_reason == "stop" and r.tokens == natural.tokens[: first + 1]
-        assert r.text == sm.tokenizer.decode(r.tokens, skip_special_tokens=True)
+        # as vLLM: the stop token counts, its text is dropped unless include_stop
+        assert r.text == sm.tokenizer.decode(r.tokens[:-1], skip_special_tokens=True)
+        kept = sm.generate(PROMPT, max_new_tokens=30, stop_token_ids=[t], include_stop=True, **kw)
+        assert kept.tokens == r.tokens and kept.text == sm.tokenizer.decode(r.tokens, skip_special_tokens=True)
+        s = sm.stream(PROMPT, max_new_tokens=30, stop_token_ids=[t], **kw)
+        assert "".join(c.text for c in s) == r.text
     assert sm.generate(PROMPT, max_new_tokens=30, stop_token_ids=t).tokens == natural.tokens[: first + 1]
     batch = sm.generate([PROMPT, PROMPT], max_new_tokens=30, stop_token_ids=[t])
     assert [b.tokens for b in batch] == [natural.tokens[: first + 1]] * 2
@@ -367,3 +372,15 @@ def test_bad_end_tokens_are_one_line_errors(sm, kwargs):
     assert "\n" not in str(e.value)
     with pytest.raises(DraftTreeError):
         sm.generate([PROMPT, PROMPT], max_new_tokens=4, **kwargs)
+
+
+def test_stop_strings_wait_for_min_tokens(sm):
+    """As vLLM: a stop string counts only once more than min_tokens tokens are out."""
+    prompt = "Count from 1 to 20, separated by commas."
+    early = sm.generate(prompt, max_new_tokens=60, method="ar", stop=["1"])
+    assert early.finish_reason == "stop" and len(early.tokens) < 10
+    for kw in ({"method": "ar"}, {}):
+        late = sm.generate(prompt, max_new_tokens=60, stop=["1"], min_tokens=10, **kw)
+        assert len(late.tokens) > 10 and late.finish_reason == "stop", kw
+    with pytest.raises(DraftTreeError, match="min_tokens"):
+        sm.generate(prompt, max_new_tokens=5, min_tokens=6)

@@ -56,7 +56,10 @@ def test_every_node_is_adjusted_for_its_own_path():
 @pytest.mark.parametrize("kwargs", [{"presence_penalty": 3}, {"frequency_penalty": -2.5}, {"repetition_penalty": 0},
                                     {"repetition_penalty": "x"}, {"logit_bias": {"-1": 1}}, {"logit_bias": {"7": 101}},
                                     {"logit_bias": {"abc": 1}}, {"logit_bias": {10**9: 1}}, {"min_tokens": -1},
-                                    {"min_tokens": 1.5}, {"min_p": 1.5}, {"min_p": "a"}])
+                                    {"min_tokens": 1.5}, {"min_p": 1.5}, {"min_p": "a"}, {"logit_bias": {"²": 1}},
+                                    {"logit_bias": {"--5": 1}}, {"logit_bias": 5}, {"logit_bias": [1, 2]},
+                                    {"logit_bias": {"7": 1, "07": 2}},
+                                    {"logit_bias": {str(i): 1 for i in range(2000)}}])
 def test_bad_settings_are_one_line_errors(default_fp32, kwargs):
     sm = SpeculativeModel(default_fp32, method="lookup")
     with pytest.raises(DraftTreeError) as e:

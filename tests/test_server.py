@@ -231,6 +231,8 @@ BAD = [
     ({"messages": MESSAGES, "logit_bias": {"42": 101}}, "logit_bias"),
     ({"messages": MESSAGES, "logit_bias": {"forty": 1}}, "logit_bias"),
     ({"messages": MESSAGES, "logit_bias": {"999999999": 1}}, "logit_bias"),
+    ({"messages": MESSAGES, "logit_bias": {"²": 1}}, "logit_bias"),
+    ({"messages": MESSAGES, "max_tokens": 4, "min_tokens": 5}, None),
     ({"messages": MESSAGES, "min_tokens": -1}, "min_tokens"),
     ({"messages": MESSAGES, "min_p": 1.5}, "min_p"),
     ({"messages": [*MESSAGES, {"role": "assistant", "content": None, "tool_calls": [
@@ -723,3 +725,48 @@ def test_tokenize_and_detokenize(server, sm):
                        ("/detokenize", {"tokens": "abc"}), ("/detokenize", [1, 2])):
         status, out = post(server, path, body)
         assert status == 400 and out["error"]["type"] == "invalid_request_error", (path, body, out)
+
+
+@pytest.mark.parametrize("logprobs", [None, 1])
+def test_a_retried_prefill_keeps_each_requests_end_tokens(sm, logprobs):
+    """When the packed prefill of newcomers fails and each starts alone, each keeps its own end tokens (a
+    stop_token_ids request still stops there; with logprobs too)."""
+    import asyncio
+
+    from drafttree.server.scheduler import Job, Scheduler
+
+    ids = sm.prompt_ids("Reply with just the word: yes", True)
+    plain = sm.generate(ids, max_new_tokens=24, method="ar", ignore_eos=True).tokens
+    stop = plain[1]
+    ends = sm.end_ids([stop], ignore_eos=True)
+
+    async def main():
+        loop = asyncio.get_running_loop()
+        sched = Scheduler(sm, max_batch=4)
+        real, calls = sched.decoder.add_many, []
+
+        def flaky(seqs):
+            calls.append(len(seqs))
+            if len(calls) == 1 and len(seqs) > 1:
+                raise RuntimeError("the packed prefill failed")
+            return real(seqs)
+
+        sched.decoder.add_many = flaky
+        jobs = [Job(ids, "ar", sm.sampling(), 24, [], i, loop, logprobs=logprobs, end_ids=ends) for i in range(2)]
+        with sched.cond:  # both join the same round
+            for job in jobs:
+                sched.submit(job)
+        outs = []
+        for job in jobs:
+            event = await job.events.get()
+            while event[0] == "chunk":
+                event = await job.events.get()
+            outs.append(event)
+        sched.stop()
+        return calls, outs
+
+    calls, outs = asyncio.run(main())
+    assert calls[0] == 2 and len(calls) > 1
+    for event in outs:
+        assert event[0] == "done", event
+        assert event[1]["finish_reason"] == "stop" and event[1]["completion_tokens"] == plain.index(stop) + 1

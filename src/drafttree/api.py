@@ -13,7 +13,7 @@ import torch
 from drafttree.accept import Sampling
 from drafttree.batching.policy import AlwaysDraft
 from drafttree.decode import DecodeStats, decode
-from drafttree.detok import TextAssembler
+from drafttree.detok import TextAssembler, min_tokens_of
 from drafttree.drafters import Drafter, check_method, make_drafter
 from drafttree.drafters.options import parse_options
 from drafttree.errors import DraftTreeError
@@ -252,7 +252,7 @@ class SpeculativeModel:
         if max_new_tokens is None or max_new_tokens <= 0:
             raise DraftTreeError(f"max_new_tokens must be > 0, got {max_new_tokens}")
         sampling = self.sampling(temperature, top_p, top_k, min_p, presence_penalty, frequency_penalty,
-                                 repetition_penalty, logit_bias, min_tokens)
+                                 repetition_penalty, logit_bias, min_tokens, max_new_tokens)
         logprobs = check_top(logprobs)
         ids = self.prompt_ids(prompt, chat)
         if ids.numel() == 0:
@@ -272,16 +272,18 @@ class SpeculativeModel:
         gen = torch.Generator(device=self.target.device)
         gen.manual_seed(seed_value(seed) if seed is not None else random.randrange(2**63))
         stream = GenerationStream(iter(()))
-        text = TextAssembler(self.tokenizer, stops, include_stop)
+        text = TextAssembler(self.tokenizer, stops, include_stop, min_tokens_of(sampling), ends)
         stream._it = self._run(ids, drafter, sampling, max_new_tokens, text, ends, gen, stream, record_rounds, label,
                                logprobs)
         return stream
 
     def sampling(self, temperature=0.0, top_p=1.0, top_k=0, min_p=0.0, presence_penalty=0.0, frequency_penalty=0.0,
-                 repetition_penalty=1.0, logit_bias=None, min_tokens=0) -> Sampling:
+                 repetition_penalty=1.0, logit_bias=None, min_tokens=0, max_new_tokens=None) -> Sampling:
         """The sampling settings of a generation, checked (one-line errors)."""
         adjust = LogitAdjust.of(presence_penalty, frequency_penalty, repetition_penalty, logit_bias, min_tokens,
                                 vocab=self.target.vocab_size)
+        if adjust is not None and max_new_tokens is not None and adjust.min_tokens > max_new_tokens:
+            raise DraftTreeError(f"min_tokens ({adjust.min_tokens}) must not exceed max_new_tokens ({max_new_tokens})")
         return Sampling.of(temperature, top_p, top_k, min_p, adjust)
 
     def end_ids(self, stop_token_ids=None, ignore_eos: bool = False) -> frozenset[int]:
@@ -355,7 +357,7 @@ class SpeculativeModel:
         if max_batch is not None and max_batch <= 0:
             raise DraftTreeError(f"max_batch must be > 0, got {max_batch}")
         sampling = self.sampling(temperature, top_p, top_k, min_p, presence_penalty, frequency_penalty,
-                                 repetition_penalty, logit_bias, min_tokens)
+                                 repetition_penalty, logit_bias, min_tokens, max_new_tokens)
         logprobs = check_top(logprobs)
         stops = [stop] if isinstance(stop, str) else list(stop or [])
         if any(not s for s in stops):
@@ -378,7 +380,7 @@ class SpeculativeModel:
             drafter = make_drafter(method, self.target, self.draft, self.head, **dict(options))
             seqs.append(Sequence(x.to(self.target.device), drafter, sampling, max_new_tokens, ends, gen, tag=i,
                                  logprobs=logprobs))
-            texts.append(TextAssembler(self.tokenizer, stops, include_stop))
+            texts.append(TextAssembler(self.tokenizer, stops, include_stop, min_tokens_of(sampling), ends))
         dec = BatchDecoder(self.batch_target(), self.verify_cost(), self.batch_policy)
         waiting, limit = list(seqs), max_batch or len(seqs)
         self._batch_results = [None] * len(seqs)

@@ -12,14 +12,24 @@ swallow.
 from __future__ import annotations
 
 
+def min_tokens_of(sampling) -> int:
+    """The tokens a generation makes before stop strings count (vLLM's min_tokens)."""
+    return sampling.adjust.min_tokens if getattr(sampling, "adjust", None) is not None else 0
+
+
 class TextAssembler:
-    def __init__(self, tokenizer, stops: list[str], include_stop: bool = False):
-        """``include_stop``: the text ends after the stop string found (vLLM's include_stop_str_in_output), not
-        before it."""
+    def __init__(self, tokenizer, stops: list[str], include_stop: bool = False, min_tokens: int = 0,
+                 end_ids: frozenset[int] = frozenset()):
+        """As vLLM: ``include_stop`` (include_stop_str_in_output): the text ends after the stop string found, not
+        before it, and keeps the text of the end token that ended the generation (``end_ids``: end-of-sequence and
+        stop_token_ids; dropped otherwise, the token still counted); stop strings count only once more than
+        ``min_tokens`` tokens are out."""
         self.tokenizer, self.stops, self.include_stop = tokenizer, stops, include_stop
+        self.min_tokens, self.end_ids = min_tokens, end_ids
         self.tokens: list[int] = []
         self.emitted = ""
         self.stopped_at: int | None = None  # where the text is cut, once a stop string was found
+        self.text_end: int | None = None  # where it is cut when an end token's text is dropped
         self.hold = max((len(s) for s in stops), default=1) - 1
         # the window: tokens [start, seam) decode to ``head``, [0, seam) to ``known`` (which ends on a whole character)
         self._start = self._seam = 0
@@ -53,7 +63,10 @@ class TextAssembler:
         """Add this step's tokens; returns the new text that is safe to show. ``final``: the sequence ended."""
         self.tokens.extend(new)
         text = self._decode_all()
-        if self.stops:
+        if final and not self.include_stop and self.tokens and self.tokens[-1] in self.end_ids:
+            self.text_end = min(len(text), len(self.tokenizer.decode(self.tokens[:-1], skip_special_tokens=True)))
+            text = text[: self.text_end]
+        if self.stops and len(self.tokens) > self.min_tokens:
             hits = [(text.find(s, max(0, len(self.emitted) - self.hold)), -len(s)) for s in self.stops]
             hits = [h for h in hits if h[0] >= 0]
             if hits:  # the first stop string in the text (of those starting there, the longest)
@@ -105,7 +118,9 @@ class TextAssembler:
     @property
     def text(self) -> str:
         text = self.tokenizer.decode(self.tokens, skip_special_tokens=True)
-        return text if self.stopped_at is None else text[: self.stopped_at]
+        if self.stopped_at is not None:
+            return text[: self.stopped_at]
+        return text if self.text_end is None else text[: self.text_end]
 
 
 class PrefixEnds:

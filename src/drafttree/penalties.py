@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import math
 import numbers
+import re
 import threading
 from dataclasses import dataclass
 
@@ -24,6 +25,7 @@ import torch
 from drafttree.errors import DraftTreeError
 
 MAX_BIAS = 100.0  # OpenAI's range for logit_bias values
+MAX_BIASED = 1024  # tokens one logit_bias may name
 _SCRATCH = threading.local()
 
 
@@ -57,17 +59,23 @@ class LogitAdjust:
         """From user values, checked (one-line errors); None when nothing would change."""
         presence = _number("presence_penalty", presence_penalty, -2.0, 2.0)
         frequency = _number("frequency_penalty", frequency_penalty, -2.0, 2.0)
-        repetition = _number("repetition_penalty", repetition_penalty, 0.0, 2.0, open_lo=True)
-        bias = []
-        for k, v in dict(logit_bias or {}).items():
-            tok = int(k) if isinstance(k, str) and k.strip().lstrip("-").isdigit() else k
+        repetition = _number("repetition_penalty", repetition_penalty, 0.0, math.inf, open_lo=True)
+        if logit_bias is not None and not isinstance(logit_bias, dict):
+            raise DraftTreeError(f"logit_bias must be a map of token ids to biases, got {type(logit_bias).__name__}")
+        if len(logit_bias or {}) > MAX_BIASED:
+            raise DraftTreeError(f"logit_bias may name at most {MAX_BIASED} tokens, got {len(logit_bias)}")
+        bias: dict[int, float] = {}
+        for k, v in (logit_bias or {}).items():
+            tok = int(k) if isinstance(k, str) and re.fullmatch(r"\s*\d+\s*", k, re.ASCII) else k
             if isinstance(tok, bool) or not isinstance(tok, numbers.Integral) or tok < 0 or (
                     vocab is not None and tok >= vocab):
                 raise DraftTreeError(f"logit_bias keys must be token ids in 0..{(vocab or 0) - 1}, got {k!r}")
-            bias.append((int(tok), _number("a logit_bias value", v, -MAX_BIAS, MAX_BIAS)))
+            if int(tok) in bias:
+                raise DraftTreeError(f"logit_bias names token {int(tok)} twice")
+            bias[int(tok)] = _number("a logit_bias value", v, -MAX_BIAS, MAX_BIAS)
         if isinstance(min_tokens, bool) or not isinstance(min_tokens, numbers.Integral) or min_tokens < 0:
             raise DraftTreeError(f"min_tokens must be an integer >= 0, got {min_tokens!r}")
-        out = cls(presence, frequency, repetition, tuple(sorted(bias)), int(min_tokens))
+        out = cls(presence, frequency, repetition, tuple(sorted(bias.items())), int(min_tokens))
         return out if out != cls() else None
 
     def apply(self, logits: torch.Tensor, tokens: torch.Tensor, ancestors: torch.Tensor, depths: torch.Tensor,
@@ -80,8 +88,9 @@ class LogitAdjust:
         n, vocab = logits.shape
         z = _scratch(n, vocab, logits.device).copy_(logits)
         dev = z.device
-        for tok, b in self.logit_bias:
-            z[:, tok] += b
+        if self.logit_bias:
+            toks, biases = zip(*self.logit_bias)
+            z[:, list(toks)] += torch.tensor(biases, dtype=torch.float32, device=dev)
         out_so_far = len(context) - prompt_len
         if self.min_tokens and end_ids:
             early = (out_so_far + depths) < self.min_tokens  # the token after node i is output number out+depth+1

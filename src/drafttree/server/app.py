@@ -357,7 +357,7 @@ async def complete(svc: Service, request: Request, chat: bool):
         raise bad_request(str(e), "stop_token_ids") from e
     seed, loop = params["seed"], asyncio.get_running_loop()
     jobs = [Job(ids, req.method or svc.sm.method, sampling, params["max_new_tokens"], params["stop"],
-                None if seed is None else (seed + i) & (2**64 - 1), loop, logprobs=params["logprobs"], ends=ends,
+                None if seed is None else (seed + i) & (2**64 - 1), loop, logprobs=params["logprobs"], end_ids=ends,
                 include_stop=params["include_stop"])
             for i in range(req.n or 1)]  # n completions: n rows of the batch
     try:

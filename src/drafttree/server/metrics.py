@@ -14,18 +14,25 @@ class Metrics:
         self._lock = threading.Lock()
         self.finished: Counter[str] = Counter()  # by finish reason
         self.failed = 0
-        self.prompt_tokens = self.generation_tokens = self.forwards = 0
+        self.prompt_tokens = self.generation_tokens = self.forwards = self.accepted = 0
         self.latency_sum = self.first_token_sum = 0.0
         self.first_tokens = 0
 
-    def request_done(self, reason: str, prompt_tokens: int, generation_tokens: int, forwards: int,
+    def request_done(self, reason: str, prompt_tokens: int, generation_tokens: int, forwards: int, accepted: int,
                      latency: float) -> None:
+        """``accepted``: the drafted tokens its forwards accepted (tokens past a stop string included)."""
         with self._lock:
             self.finished[reason] += 1
             self.prompt_tokens += prompt_tokens
             self.generation_tokens += generation_tokens
             self.forwards += forwards
+            self.accepted += accepted
             self.latency_sum += latency
+
+    def request_aborted(self) -> None:
+        """A request whose client went away before it ended."""
+        with self._lock:
+            self.finished["abort"] += 1
 
     def request_failed(self) -> None:
         with self._lock:
@@ -54,11 +61,10 @@ class Metrics:
                  [("", self.generation_tokens)]),
                 ("drafttree_target_forwards_total", "counter", "target forwards of answered requests (each row of "
                  "a batched forward counts once; prefill included)", [("", self.forwards)]),
-                ("drafttree_accepted_draft_tokens_total", "counter", "drafted tokens the target accepted (generated "
-                 "tokens the forwards did not produce themselves)",
-                 [("", max(0, self.generation_tokens - self.forwards))]),
+                ("drafttree_accepted_draft_tokens_total", "counter", "drafted tokens the target accepted (tokens "
+                 "its forwards did not produce themselves)", [("", self.accepted)]),
                 ("drafttree_e2e_request_latency_seconds", "summary", "from arrival to the last token",
-                 [("_sum", self.latency_sum, ""), ("_count", done, "")]),
+                 [("_sum", self.latency_sum, ""), ("_count", done - self.finished["abort"], "")]),
                 ("drafttree_time_to_first_token_seconds", "summary", "from arrival to the first token",
                  [("_sum", self.first_token_sum, ""), ("_count", self.first_tokens, "")]),
             ]

@@ -21,7 +21,7 @@ import torch
 
 from drafttree.accept import Sampling
 from drafttree.batching import BatchDecoder, Sequence
-from drafttree.detok import PrefixEnds, TextAssembler
+from drafttree.detok import PrefixEnds, TextAssembler, min_tokens_of
 from drafttree.drafters import make_drafter
 from drafttree.errors import DraftTreeError
 from drafttree.server.metrics import Metrics
@@ -50,7 +50,7 @@ class Job:
     steps: int = 0
     cancelled: bool = False
     logprobs: int | None = None  # alternatives per token, when the request asked for log-probabilities
-    ends: frozenset[int] | None = None  # tokens that end the generation (None: the model's end-of-sequence tokens)
+    end_ids: frozenset[int] | None = None  # tokens that end the generation (None: the model's end-of-sequence ones)
     include_stop: bool = False  # the text ends after a stop string, not before it
     reported: int = 0  # tokens whose log-probabilities went out ...
     offset: int = 0  # ... and where the next one's text begins
@@ -113,13 +113,14 @@ class Scheduler:
         gen = torch.Generator(device=sm.target.device)
         gen.manual_seed(job.seed if job.seed is not None else random.randrange(2**63))
         job.seq = Sequence(job.ids.to(sm.target.device), drafter, job.sampling, job.max_new_tokens,
-                           frozenset(sm.eos_ids) if job.ends is None else job.ends, gen, tag=job,
+                           frozenset(sm.eos_ids) if job.end_ids is None else job.end_ids, gen, tag=job,
                            logprobs=job.logprobs)
         if job.cancelled:  # cancel() sets the flag before it reads job.seq: one of the two sees the other
             job.seq.cancelled = True
         job.reported = job.offset = 0
         job.sent = []
-        job.text = TextAssembler(sm.tokenizer, job.stops, job.include_stop)
+        job.text = TextAssembler(sm.tokenizer, job.stops, job.include_stop, min_tokens_of(job.sampling),
+                                 job.seq.eos_ids)
         job.ends = None if job.logprobs is None else PrefixEnds(sm.tokenizer)
 
     def _start_all(self, jobs: list[Job]) -> None:
@@ -179,8 +180,10 @@ class Scheduler:
             self.pool[job.method].append(seq.drafter)
             self.served += 1
             result = self._result(job)
+            lengths = seq.stats.accept_lengths
             self.metrics.request_done(result["finish_reason"], result["prompt_tokens"], result["completion_tokens"],
-                                      seq.stats.target_forwards, time.monotonic() - job.arrived)
+                                      seq.stats.target_forwards, sum(lengths) - len(lengths),
+                                      time.monotonic() - job.arrived)
             job.push("done", result)
 
     def _logprobs(self, job: Job, final: bool) -> list | None:
@@ -246,6 +249,7 @@ class Scheduler:
                 for seq, new in self.decoder.step():
                     if seq.stats.finish_reason == "cancelled":
                         self.pool[seq.tag.method].append(seq.drafter)
+                        self.metrics.request_aborted()
                         continue
                     self._deliver(seq.tag, new)
             except Exception as e:  # noqa: BLE001

@@ -65,7 +65,7 @@ class GenerationParams(BaseModel):
     frequency_penalty: float | None = Field(None, ge=-2, le=2, description="minus this times the token's count in "
                                             "the output so far (OpenAI's definition)")
     presence_penalty: float | None = Field(None, ge=-2, le=2, description="minus this once the token is in the output")
-    repetition_penalty: float | None = Field(None, gt=0, le=2, description="vLLM's: divides positive logits "
+    repetition_penalty: float | None = Field(None, gt=0, description="vLLM's: divides positive logits "
                                              "(multiplies negative ones) of tokens in the prompt or the output")
     logit_bias: dict[str, float] | None = Field(None, description="token id -> bias in [-100, 100] added to its logit")
     response_format: Any = None
@@ -77,8 +77,8 @@ class GenerationParams(BaseModel):
     min_tokens: int | None = Field(None, ge=0, description="vLLM's: the end tokens are banned until this many are out")
     ignore_eos: bool | None = Field(None, description="the model's end-of-sequence token does not end the completion "
                                     "(it runs to max_tokens, as benchmark clients ask)")
-    stop_token_ids: list[int] | None = Field(None, max_length=MAX_STOPS, description="token ids that end the "
-                                             "completion (kept in its text unless special)")
+    stop_token_ids: list[int] | None = Field(None, max_length=1024, description="token ids that end the "
+                                             "completion (counted; their text kept with include_stop_str_in_output)")
     include_stop_str_in_output: bool | None = Field(None, description="the text ends after the stop string found, "
                                                     "not before it")
 
@@ -114,6 +114,13 @@ class GenerationParams(BaseModel):
     def _options_need_stream(self):
         if self.stream_options is not None and not self.stream:
             raise ValueError("stream_options is only allowed with stream: true")  # OpenAI's rule
+        return self
+
+    @model_validator(mode="after")
+    def _min_tokens_fit(self):
+        asked = self.max_completion_tokens or self.max_tokens
+        if self.min_tokens is not None and asked is not None and self.min_tokens > asked:
+            raise ValueError(f"min_tokens ({self.min_tokens}) must not exceed max_tokens ({asked})")  # as vLLM
         return self
 
     @field_validator("seed", mode="after")
