@@ -1,9 +1,10 @@
 // Causal attention of a prompt over its own keys (a prefill), bf16, on AVX-512 bf16 dot products.
 //
 // Why: torch's CPU flash-attention kernel reaches ~90 GFLOP/s on a 769-token SmolLM2 prompt and ~140 on 6,000 on two
-// Zen 4 cores, a third of a 769-token prefill and most of a 6,000-token one (logs/s58_prefill_profile.py). Here a
-// block of 16 queries times the heads of a key/value group (48 query rows for SmolLM2's 9 heads over 3) reads each
-// block of 64 keys once: its keys packed so that one vdpbf16ps gives 16 keys' partial scores for a query's pair of
+// Zen 4 cores, a third of a 769-token prefill and most of a 6,000-token one (logs/s58_prefill_profile.py); this one
+// ~235 and ~265 (blocks of 16 queries: ~5% less). A block of 32 queries times the heads of a key/value group (96 query
+// rows for SmolLM2's 9 heads over 3) reads each block of 64 keys once, every block of keys packed once per call: its
+// keys so that one vdpbf16ps gives 16 keys' partial scores for a query's pair of
 // dimensions, its values packed so that one gives 16 dimensions' partial sums for a pair of keys; an online softmax
 // (flash attention's) in float32 between the two, the probabilities rounded to bf16 for the second product (as
 // flash-attention kernels in bf16 do). Every query row's result depends on its own query and the keys it may see
