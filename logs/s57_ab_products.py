@@ -5,9 +5,8 @@ import sys
 import time
 
 import torch
-from ab_builds import load_build
+from ab_builds import load_build, smollm2_weights
 
-from drafttree.kernels.memory import huge_page_copy
 
 torch.set_num_threads(2)
 
@@ -15,14 +14,7 @@ torch.set_num_threads(2)
 exts = {"A": load_build(sys.argv[1], "A"), "B": load_build(sys.argv[2], "B")}
 g = torch.Generator().manual_seed(0)
 H, I, KV, V = 576, 1536, 192, 49152
-def w(n, k):  # in huge pages, as a loaded model's weights, and packed there by each build that packs them
-    t = huge_page_copy((torch.randn(n, k, generator=g) / k**0.5).bfloat16())
-    for e in exts.values():
-        if getattr(e, "packed", False) and e.amx_packable(t):
-            e.amx_register(t, huge_page_copy(e.amx_pack(t)))
-    return t
-layers = [dict(q=w(H, H), k=w(KV, H), v=w(KV, H), o=w(H, H), gate=w(I, H), up=w(I, H), down=w(H, I)) for _ in range(30)]
-head = w(V, H)
+layers, head = smollm2_weights(exts, g)
 
 
 def forward(ext, m):

@@ -2,20 +2,12 @@
 import sys, time
 import torch
 sys.path.insert(0, str(__import__("pathlib").Path(__file__).parent))
-from ab_builds import load_build
-from drafttree.kernels.memory import huge_page_copy
+from ab_builds import load_build, smollm2_weights
 torch.set_num_threads(2)
 exts = {"A": load_build(sys.argv[1], "A"), "B": load_build(sys.argv[2], "B")}
 g = torch.Generator().manual_seed(0)
 H, I, KV, V = 576, 1536, 192, 49152
-def w(n, k):
-    t = huge_page_copy((torch.randn(n, k, generator=g) / k**0.5).bfloat16())
-    for e in exts.values():
-        if getattr(e, "packed", False) and e.amx_packable(t):
-            e.amx_register(t, huge_page_copy(e.amx_pack(t)))
-    return t
-layers = [dict(q=w(H, H), k=w(KV, H), v=w(KV, H), o=w(H, H), gate=w(I, H), up=w(I, H), down=w(H, I)) for _ in range(30)]
-head = w(V, H)
+layers, head = smollm2_weights(exts, g)
 m = int(sys.argv[3])
 x = torch.randn(m, H, generator=g).bfloat16(); xi = torch.randn(m, I, generator=g).bfloat16()
 kinds = {

@@ -138,29 +138,16 @@ def _exact(model, s: Sampling) -> tuple[np.ndarray, np.ndarray]:
 
 
 def _pvalues(s: Sampling, n: int = 2000):
-    from drafttree.decode import DecodeStats, decode
     from drafttree.drafters.draft_model import DraftModelDrafter
     from drafttree.target import TargetModel
+    from tests.test_sampling import count_first_three
 
     target = tiny_causal_lm("llama", vocab=VOCAB, hidden=32, seed=0)
     draft = tiny_causal_lm("llama", vocab=VOCAB, hidden=32, seed=7)
     drafter = DraftModelDrafter(draft, VOCAB, k=3, tree=True, top_k=3, total_tokens=8)  # depth-3 trees, siblings
-    tm = TargetModel(target)
-    g = torch.Generator().manual_seed(11)
-    c12, c3 = np.zeros(VOCAB * VOCAB), np.zeros(VOCAB)
-    drafted = accepted = 0
-    for _ in range(n):
-        out: list[int] = []
-        stats = DecodeStats()
-        for new in decode(tm, drafter, torch.tensor(PROMPT), s, max_new_tokens=4, eos_ids=ENDS, generator=g,
-                          stats=stats):
-            out.extend(new)
-        drafted += sum(t - 1 for t in stats.tree_sizes)
-        accepted += sum(a - 1 for a in stats.accept_lengths)
-        c12[out[0] * VOCAB + out[1]] += 1
-        if len(out) > 2:
-            c3[out[2]] += 1
-    assert 0.02 < accepted / drafted < 0.98, f"drafts should be accepted sometimes ({accepted} of {drafted})"
+    c12, c3, rate = count_first_three(TargetModel(target), drafter, PROMPT, s, n, VOCAB, seed=11, max_new_tokens=4,
+                                      eos_ids=ENDS)
+    assert 0.02 < rate < 0.98, f"drafts should be accepted sometimes (rate {rate:.2f})"
     joint, third = _exact(target, s)
     # the third token exists unless the second ended the generation (an end token, allowed from the third on)
     return chi2_pvalue(c12, joint), chi2_pvalue(c3, third / third.sum())

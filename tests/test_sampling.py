@@ -240,7 +240,6 @@ def test_decode_loop_broken_rule_is_caught(monkeypatch):
 
 
 def _decode_loop_pvalues(opts, s, n: int = 2500, drafter=None, target=None):
-    from drafttree.decode import DecodeStats, decode
     from drafttree.drafters.draft_model import DraftModelDrafter
     from drafttree.target import TargetModel
 
@@ -251,21 +250,32 @@ def _decode_loop_pvalues(opts, s, n: int = 2500, drafter=None, target=None):
         draft = tiny_causal_lm("llama", vocab=vocab, hidden=32, seed=7)  # an unrelated draft: disagrees often
         drafter = DraftModelDrafter(draft, vocab, **opts)
     prompt = [3, 5, 7, 2]
-    tm = TargetModel(target)
-    g = torch.Generator().manual_seed(123)
+    c12, c3, rate = count_first_three(TargetModel(target), drafter, prompt, s, n, vocab)
+    joint, third = _exact_prefix_dist(target, prompt, s, vocab)
+    return chi2_pvalue(c12, joint), chi2_pvalue(c3, third), rate
+
+
+def count_first_three(tm, drafter, prompt: list[int], s: Sampling, n: int, vocab: int, seed: int = 123,
+                      max_new_tokens: int = 3, eos_ids=frozenset()):
+    """Over n decodes from one seeded generator: counts of the first two tokens (joint, a * vocab + b) and of the
+    third (where there is one), and the share of drafted tokens accepted."""
+    from drafttree.decode import DecodeStats, decode
+
+    g = torch.Generator().manual_seed(seed)
     c12, c3 = np.zeros(vocab * vocab), np.zeros(vocab)
     drafted = accepted = 0
     for _ in range(n):
         out: list[int] = []
         stats = DecodeStats()
-        for new in decode(tm, drafter, torch.tensor(prompt), s, max_new_tokens=3, generator=g, stats=stats):
+        for new in decode(tm, drafter, torch.tensor(prompt), s, max_new_tokens=max_new_tokens, eos_ids=eos_ids,
+                          generator=g, stats=stats):
             out.extend(new)
         drafted += sum(t - 1 for t in stats.tree_sizes)
         accepted += sum(a - 1 for a in stats.accept_lengths)
         c12[out[0] * vocab + out[1]] += 1
-        c3[out[2]] += 1
-    joint, third = _exact_prefix_dist(target, prompt, s, vocab)
-    return chi2_pvalue(c12, joint), chi2_pvalue(c3, third), accepted / max(1, drafted)
+        if len(out) > 2:
+            c3[out[2]] += 1
+    return c12, c3, accepted / max(1, drafted)
 
 
 @pytest.mark.parametrize("method,opts,s", [
