@@ -16,8 +16,8 @@ from drafttree.accept import Sampling, accept, sample_token
 from drafttree.drafters.base import Drafter, DraftRequest
 from drafttree.logprobs import TokenLogprob, token_logprobs
 from drafttree.noise import Noise
+from drafttree.penalties import adjusted, adjusted_first
 from drafttree.target import TargetModel
-from drafttree.tree import DraftTree
 
 
 @dataclass
@@ -89,13 +89,8 @@ def decode(
     watch = Stopwatch(stats, target.device)
     pre = target.prefill(prompt_ids)
     noise = Noise.from_generator(generator, pre.logits.shape[-1])  # fixes every position's sample (noise.py)
-    adjust, n_prompt = sampling.adjust, prompt_ids.numel()
-    first = pre.logits[-1]
-    if adjust is not None:  # penalties and biases (penalties.py): the prompt's last token as a lone root
-        one = DraftTree.root_only(int(prompt_ids.reshape(-1)[-1]), first.device)
-        first = adjust.apply(first[None], one.tokens, one.ancestors, one.depths, prompt_ids.reshape(-1).tolist(),
-                             n_prompt, eos_ids)[0]
-    root = sample_token(first, sampling, noise, n_prompt)
+    n_prompt = prompt_ids.numel()
+    root = sample_token(adjusted_first(sampling, pre.logits[-1], prompt_ids, eos_ids), sampling, noise, n_prompt)
     watch.lap("time_prefill")
     drafter.begin(prompt_ids, pre.features, root)
     watch.lap("time_draft")
@@ -123,8 +118,7 @@ def decode(
         out = target.forward_tree(tree.tokens, tree.depths, tree.ancestors)  # verify
         watch.lap("time_verify")
         drafter.verified(tree.size, len(context), stats.time_verify - verified)
-        logits = out.logits if adjust is None else adjust.apply(out.logits, tree.tokens, tree.ancestors, tree.depths,
-                                                                   context, n_prompt, eos_ids)
+        logits = adjusted(sampling, out.logits, tree, context, n_prompt, eos_ids)  # penalties, biases: per node
         path, nxt = accept(tree, logits, sampling, noise, req.root_pos)  # accept
         target.commit(path)
         committed = tree.tokens[path].tolist()

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 import torch
 
 from drafttree.errors import DraftTreeError
+from drafttree.tree import DraftTree
 
 MAX_BIAS = 100.0  # OpenAI's range for logit_bias values
 MAX_BIASED = 1024  # tokens one logit_bias may name
@@ -119,3 +120,22 @@ class LogitAdjust:
         sub = sub - self.frequency_penalty * counts - self.presence_penalty * (counts > 0).float()
         z[:, cols] = sub
         return z
+
+
+def adjusted(sampling, logits: torch.Tensor, tree: DraftTree, context: list[int], prompt_len: int,
+             end_ids) -> torch.Tensor:
+    """A verified tree's logits as its acceptance reads them: each node's adjusted for its own path where
+    ``sampling`` has an adjustment, else as they are."""
+    adjust = sampling.adjust
+    if adjust is None:
+        return logits
+    return adjust.apply(logits, tree.tokens, tree.ancestors, tree.depths, context, prompt_len, end_ids)
+
+
+def adjusted_first(sampling, last: torch.Tensor, prompt_ids: torch.Tensor, end_ids) -> torch.Tensor:
+    """The prefill's last logits as the first token's sample reads them (the prompt's last token a lone root)."""
+    if sampling.adjust is None:
+        return last
+    prompt = prompt_ids.reshape(-1).tolist()
+    root = DraftTree.root_only(prompt[-1], last.device)
+    return adjusted(sampling, last[None], root, prompt, len(prompt), end_ids)[0]

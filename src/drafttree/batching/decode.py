@@ -26,6 +26,7 @@ from drafttree.decode import DecodeStats
 from drafttree.drafters.base import Drafter, DraftRequest
 from drafttree.logprobs import token_logprobs
 from drafttree.noise import Noise
+from drafttree.penalties import adjusted, adjusted_first
 from drafttree.tree import DraftTree
 
 
@@ -108,12 +109,7 @@ class BatchDecoder:
         for seq, pre in zip(seqs, pres):
             t1 = time.perf_counter()
             seq.noise = Noise.from_generator(seq.generator, pre.logits.shape[-1])
-            first, adjust = pre.logits[-1], seq.sampling.adjust
-            if adjust is not None:  # penalties and biases (penalties.py): the prompt's last token as a lone root
-                prompt = seq.prompt_ids.reshape(-1)
-                one = DraftTree.root_only(int(prompt[-1]), first.device)
-                first = adjust.apply(first[None], one.tokens, one.ancestors, one.depths, prompt.tolist(),
-                                     prompt.numel(), seq.eos_ids)[0]
+            first = adjusted_first(seq.sampling, pre.logits[-1], seq.prompt_ids, seq.eos_ids)
             root = sample_token(first, seq.sampling, seq.noise, seq.prompt_ids.numel())
             seq.drafter.begin(seq.prompt_ids, pre.features, root)
             st = seq.stats
@@ -130,15 +126,6 @@ class BatchDecoder:
         if any(s.finished for s in seqs):
             self._drop_finished()
         return news
-
-    @staticmethod
-    def _logits(seq: Sequence, tree: DraftTree, logits: torch.Tensor) -> torch.Tensor:
-        """The row's logits as its acceptance reads them: adjusted per node where it asked for penalties or biases."""
-        adjust = seq.sampling.adjust
-        if adjust is None:
-            return logits
-        return adjust.apply(logits, tree.tokens, tree.ancestors, tree.depths, seq.context,
-                            seq.prompt_ids.numel(), seq.eos_ids)
 
     def _drop_finished(self) -> list[tuple[Sequence, list[int]]]:
         """Remove finished and cancelled rows; returns the rows cancelled since the last round. A removed row's
@@ -236,8 +223,9 @@ class BatchDecoder:
         best = [None] * len(rows)
         if any(s.sampling.greedy for s in rows):  # one argmax over every row's logits (they are one tensor)
             best = greedy_tokens(tgt.last_logits).split([t.size for t in trees])
-        accepted = [accept(t, self._logits(s, t, o.logits), s.sampling, s.noise, len(s.context) - 1,
-                           best=None if s.sampling.adjust else b)  # the root's position
+        accepted = [accept(t, adjusted(s.sampling, o.logits, t, s.context, s.prompt_ids.numel(), s.eos_ids),
+                           s.sampling, s.noise, len(s.context) - 1,  # the root's position
+                           best=None if s.sampling.adjust else b)
                     for s, t, o, b in zip(rows, trees, outs, best)]
         tgt.commit([path for path, _ in accepted])
         results = []
