@@ -238,10 +238,11 @@ class SpeculativeModel:
         ``logprobs=k`` (0..20): each new token's log-probability under the target and its k likeliest alternatives,
         in ``chunk.logprobs`` and ``result.logprobs`` (logprobs.py: from the verify forwards' own logits).
 
-        ``stop_token_ids``: tokens that end the generation as the model's end-of-sequence tokens do (kept in the
-        tokens; in the text unless special); ``ignore_eos``: the end-of-sequence tokens do not end it (generation
+        ``stop_token_ids``: tokens that end the generation as the model's end-of-sequence tokens do (counted in the
+        tokens, their text dropped, as vLLM); ``ignore_eos``: the end-of-sequence tokens do not end it (generation
         runs to ``max_new_tokens``, as benchmark clients ask); ``include_stop``: the text ends after the stop string
-        found instead of before it. None of them changes a sampled token, only where the output ends.
+        found instead of before it, and keeps an end token's text. None of them changes a sampled token, only where
+        the output ends.
 
         ``min_p``, ``presence_penalty``, ``frequency_penalty``, ``repetition_penalty``, ``logit_bias`` ({token id:
         bias}) and ``min_tokens`` (end tokens banned before it) change the target's distribution as vLLM defines
