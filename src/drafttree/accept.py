@@ -45,6 +45,7 @@ class Sampling:
     top_k: int = 0
     min_p: float = 0.0  # keep tokens at least min_p times as likely as the likeliest (after the temperature)
     adjust: LogitAdjust | None = None  # penalties, logit_bias, min_tokens: applied per tree node (penalties.py)
+    grammar: object | None = None  # structured output (grammar.Grammar): what each node may be followed by
 
     def __post_init__(self):
         t, p, k, m = self.temperature, self.top_p, self.top_k, self.min_p
@@ -60,7 +61,7 @@ class Sampling:
             raise DraftTreeError(f"top_k must be an integer >= 0 (0 = off), got {k!r}")
 
     @classmethod
-    def of(cls, temperature, top_p, top_k, min_p=0.0, adjust: LogitAdjust | None = None) -> Sampling:
+    def of(cls, temperature, top_p, top_k, min_p=0.0, adjust: LogitAdjust | None = None, grammar=None) -> Sampling:
         """From user values (ints for floats are fine, ``None`` and strings are not): one-line errors, no casts that
         could turn a bad value into a raw TypeError or a silently different one (``int(0.9)`` is 0)."""
         temperature, top_p, top_k, min_p = (x.item() if isinstance(x, torch.Tensor) and x.numel() == 1 else x
@@ -69,7 +70,7 @@ class Sampling:
             top_k = int(top_k)
         return cls(float(temperature) if _is_number(temperature) else temperature,
                    float(top_p) if _is_number(top_p) else top_p, top_k,
-                   float(min_p) if _is_number(min_p) else min_p, adjust)
+                   float(min_p) if _is_number(min_p) else min_p, adjust, grammar)
 
     @property
     def greedy(self) -> bool:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import numbers
 import random
 from collections.abc import Iterator
@@ -17,6 +18,7 @@ from drafttree.detok import TextAssembler, min_tokens_of
 from drafttree.drafters import Drafter, check_method, make_drafter
 from drafttree.drafters.options import parse_options
 from drafttree.errors import DraftTreeError
+from drafttree.grammar import compile_grammar
 from drafttree.logprobs import TokenLogprob, check_top
 from drafttree.models import DEFAULT_MODEL, LoadedModel, check_same_vocabulary, load_model
 from drafttree.penalties import LogitAdjust
@@ -232,7 +234,8 @@ class SpeculativeModel:
                logprobs: int | None = None, stop_token_ids: list[int] | None = None, ignore_eos: bool = False,
                include_stop: bool = False, min_p: float = 0.0, presence_penalty: float = 0.0,
                frequency_penalty: float = 0.0, repetition_penalty: float = 1.0, logit_bias: dict | None = None,
-               min_tokens: int = 0) -> GenerationStream:
+               min_tokens: int = 0, json_schema: dict | str | bool | None = None, regex: str | None = None,
+               choice: list[str] | None = None, grammar: str | None = None) -> GenerationStream:
         """Generate lazily: one :class:`StreamChunk` per target forward, as soon as its tokens are accepted.
 
         ``logprobs=k`` (0..20): each new token's log-probability under the target and its k likeliest alternatives,
@@ -248,12 +251,18 @@ class SpeculativeModel:
         bias}) and ``min_tokens`` (end tokens banned before it) change the target's distribution as vLLM defines
         them (penalties.py); every method then gives exactly what plain decoding with the same settings gives.
 
+        Structured output (grammar.py), at most one of: ``json_schema`` (a JSON schema as a dict or JSON text; True:
+        any JSON object, OpenAI's ``json_object``), ``regex``, ``choice`` (the text is one of these strings),
+        ``grammar`` (Lark or llama.cpp's GBNF). Every token is then the target's own choice among those the grammar
+        allows, with any method: the text of plain decoding under the same grammar.
+
         ``drafter``: a :class:`~drafttree.drafters.base.Drafter` object of your own instead of a method name
         (a new drafting idea is one small class; the decode loop keeps it lossless)."""
         if max_new_tokens is None or max_new_tokens <= 0:
             raise DraftTreeError(f"max_new_tokens must be > 0, got {max_new_tokens}")
         sampling = self.sampling(temperature, top_p, top_k, min_p, presence_penalty, frequency_penalty,
-                                 repetition_penalty, logit_bias, min_tokens, max_new_tokens)
+                                 repetition_penalty, logit_bias, min_tokens, max_new_tokens, json_schema, regex, choice,
+                                 grammar)
         logprobs = check_top(logprobs)
         ids = self.prompt_ids(prompt, chat)
         if ids.numel() == 0:
@@ -279,13 +288,18 @@ class SpeculativeModel:
         return stream
 
     def sampling(self, temperature=0.0, top_p=1.0, top_k=0, min_p=0.0, presence_penalty=0.0, frequency_penalty=0.0,
-                 repetition_penalty=1.0, logit_bias=None, min_tokens=0, max_new_tokens=None) -> Sampling:
-        """The sampling settings of a generation, checked (one-line errors)."""
+                 repetition_penalty=1.0, logit_bias=None, min_tokens=0, max_new_tokens=None, json_schema=None,
+                 regex=None, choice=None, grammar=None) -> Sampling:
+        """The sampling settings of a generation, checked (one-line errors); a structured-output constraint compiled
+        for this tokenizer (grammar.py)."""
         adjust = LogitAdjust.of(presence_penalty, frequency_penalty, repetition_penalty, logit_bias, min_tokens,
                                 vocab=self.target.vocab_size)
         if adjust is not None and max_new_tokens is not None and adjust.min_tokens > max_new_tokens:
             raise DraftTreeError(f"min_tokens ({adjust.min_tokens}) must not exceed max_new_tokens ({max_new_tokens})")
-        return Sampling.of(temperature, top_p, top_k, min_p, adjust)
+        sampling = Sampling.of(temperature, top_p, top_k, min_p, adjust)  # checked before a grammar is compiled
+        structured = compile_grammar(self.tokenizer, self.target.vocab_size, self.eos_ids, json_schema=json_schema,
+                                     regex=regex, choice=choice, grammar=grammar)
+        return sampling if structured is None else dataclasses.replace(sampling, grammar=structured)
 
     def end_ids(self, stop_token_ids=None, ignore_eos: bool = False) -> frozenset[int]:
         """The tokens that end a generation: the target's end-of-sequence tokens (none with ``ignore_eos``) and
@@ -346,7 +360,9 @@ class SpeculativeModel:
                      max_batch: int | None = None, logprobs: int | None = None, stop_token_ids: list[int] | None = None,
                      ignore_eos: bool = False, include_stop: bool = False, min_p: float = 0.0,
                      presence_penalty: float = 0.0, frequency_penalty: float = 0.0, repetition_penalty: float = 1.0,
-                     logit_bias: dict | None = None, min_tokens: int = 0) -> Iterator[tuple[int, StreamChunk]]:
+                     logit_bias: dict | None = None, min_tokens: int = 0, json_schema: dict | str | bool | None = None,
+                     regex: str | None = None, choice: list[str] | None = None,
+                     grammar: str | None = None) -> Iterator[tuple[int, StreamChunk]]:
         """Decode several prompts together (one target forward verifies every row's tree), yielding
         ``(prompt index, chunk)`` as each row's tokens are accepted; at most ``max_batch`` rows at a time, the
         others join as rows finish. Greedy output equals each prompt decoded alone; with ``seed``, row i
@@ -358,7 +374,8 @@ class SpeculativeModel:
         if max_batch is not None and max_batch <= 0:
             raise DraftTreeError(f"max_batch must be > 0, got {max_batch}")
         sampling = self.sampling(temperature, top_p, top_k, min_p, presence_penalty, frequency_penalty,
-                                 repetition_penalty, logit_bias, min_tokens, max_new_tokens)
+                                 repetition_penalty, logit_bias, min_tokens, max_new_tokens, json_schema, regex, choice,
+                                 grammar)
         logprobs = check_top(logprobs)
         stops = [stop] if isinstance(stop, str) else list(stop or [])
         if any(not s for s in stops):

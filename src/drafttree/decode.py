@@ -16,7 +16,7 @@ from drafttree.accept import Sampling, accept, sample_token
 from drafttree.drafters.base import Drafter, DraftRequest
 from drafttree.logprobs import TokenLogprob, token_logprobs
 from drafttree.noise import Noise
-from drafttree.penalties import adjusted, adjusted_first
+from drafttree.penalties import adjusted, adjusted_first, grammar_state
 from drafttree.target import TargetModel
 
 
@@ -90,7 +90,9 @@ def decode(
     pre = target.prefill(prompt_ids)
     noise = Noise.from_generator(generator, pre.logits.shape[-1])  # fixes every position's sample (noise.py)
     n_prompt = prompt_ids.numel()
-    root = sample_token(adjusted_first(sampling, pre.logits[-1], prompt_ids, eos_ids), sampling, noise, n_prompt)
+    grammar = grammar_state(sampling)  # structured output: this generation's place in the grammar
+    root = sample_token(adjusted_first(sampling, pre.logits[-1], prompt_ids, eos_ids, grammar), sampling, noise,
+                        n_prompt)
     watch.lap("time_prefill")
     drafter.begin(prompt_ids, pre.features, root)
     watch.lap("time_draft")
@@ -118,7 +120,7 @@ def decode(
         out = target.forward_tree(tree.tokens, tree.depths, tree.ancestors)  # verify
         watch.lap("time_verify")
         drafter.verified(tree.size, len(context), stats.time_verify - verified)
-        logits = adjusted(sampling, out.logits, tree, context, n_prompt, eos_ids)  # penalties, biases: per node
+        logits = adjusted(sampling, out.logits, tree, context, n_prompt, eos_ids, grammar)  # per node: its own path
         path, nxt = accept(tree, logits, sampling, noise, req.root_pos)  # accept
         target.commit(path)
         committed = tree.tokens[path].tolist()

@@ -123,19 +123,37 @@ class LogitAdjust:
 
 
 def adjusted(sampling, logits: torch.Tensor, tree: DraftTree, context: list[int], prompt_len: int,
-             end_ids) -> torch.Tensor:
+             end_ids, grammar=None) -> torch.Tensor:
     """A verified tree's logits as its acceptance reads them: each node's adjusted for its own path where
-    ``sampling`` has an adjustment, else as they are."""
+    ``sampling`` has an adjustment, and restricted to what ``grammar`` (the generation's
+    :class:`~drafttree.grammar.GrammarState`) allows after that path; else as they are."""
     adjust = sampling.adjust
-    if adjust is None:
-        return logits
-    return adjust.apply(logits, tree.tokens, tree.ancestors, tree.depths, context, prompt_len, end_ids)
+    z = logits
+    if adjust is not None:
+        z = adjust.apply(logits, tree.tokens, tree.ancestors, tree.depths, context, prompt_len, end_ids)
+    if grammar is not None:
+        grammar.sync(context[prompt_len:])
+        allowed = grammar.masks(tree).to(z.device)
+        if z is logits:
+            z = _scratch(*logits.shape, logits.device).copy_(logits)
+        z.masked_fill_(~allowed, float("-inf"))
+    return z
 
 
-def adjusted_first(sampling, last: torch.Tensor, prompt_ids: torch.Tensor, end_ids) -> torch.Tensor:
+def adjusted_first(sampling, last: torch.Tensor, prompt_ids: torch.Tensor, end_ids, grammar=None) -> torch.Tensor:
     """The prefill's last logits as the first token's sample reads them (the prompt's last token a lone root)."""
-    if sampling.adjust is None:
+    if sampling.adjust is None and grammar is None:
         return last
     prompt = prompt_ids.reshape(-1).tolist()
     root = DraftTree.root_only(prompt[-1], last.device)
-    return adjusted(sampling, last[None], root, prompt, len(prompt), end_ids)[0]
+    return adjusted(sampling, last[None], root, prompt, len(prompt), end_ids, grammar)[0]
+
+
+def constrained(sampling) -> bool:
+    """Whether a generation's logits are adjusted before acceptance (penalties, biases or a grammar)."""
+    return sampling.adjust is not None or sampling.grammar is not None
+
+
+def grammar_state(sampling):
+    """A new generation's place in ``sampling``'s grammar (grammar.py), or None."""
+    return None if sampling.grammar is None else sampling.grammar.start()

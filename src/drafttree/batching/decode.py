@@ -26,7 +26,7 @@ from drafttree.decode import DecodeStats
 from drafttree.drafters.base import Drafter, DraftRequest
 from drafttree.logprobs import token_logprobs
 from drafttree.noise import Noise
-from drafttree.penalties import adjusted, adjusted_first
+from drafttree.penalties import adjusted, adjusted_first, constrained, grammar_state
 from drafttree.tree import DraftTree
 
 
@@ -50,11 +50,13 @@ class Sequence:
     root: int = -1
     last_tree: int = 1
     noise: Noise | None = field(default=None, repr=False)
+    grammar: object | None = field(default=None, repr=False)  # structured output: the row's place in its grammar
 
     def _finish(self, reason: str) -> None:
         self.finished = True
         self.stats.finish_reason = reason
         self.noise = None  # up to 3 blocks of 8 positions x the vocabulary: not kept for finished rows
+        self.grammar = None
 
 
 class BatchDecoder:
@@ -109,7 +111,8 @@ class BatchDecoder:
         for seq, pre in zip(seqs, pres):
             t1 = time.perf_counter()
             seq.noise = Noise.from_generator(seq.generator, pre.logits.shape[-1])
-            first = adjusted_first(seq.sampling, pre.logits[-1], seq.prompt_ids, seq.eos_ids)
+            seq.grammar = grammar_state(seq.sampling)
+            first = adjusted_first(seq.sampling, pre.logits[-1], seq.prompt_ids, seq.eos_ids, seq.grammar)
             root = sample_token(first, seq.sampling, seq.noise, seq.prompt_ids.numel())
             seq.drafter.begin(seq.prompt_ids, pre.features, root)
             st = seq.stats
@@ -223,9 +226,10 @@ class BatchDecoder:
         best = [None] * len(rows)
         if any(s.sampling.greedy for s in rows):  # one argmax over every row's logits (they are one tensor)
             best = greedy_tokens(tgt.last_logits).split([t.size for t in trees])
-        accepted = [accept(t, adjusted(s.sampling, o.logits, t, s.context, s.prompt_ids.numel(), s.eos_ids),
+        accepted = [accept(t, adjusted(s.sampling, o.logits, t, s.context, s.prompt_ids.numel(), s.eos_ids,
+                                    s.grammar),
                            s.sampling, s.noise, len(s.context) - 1,  # the root's position
-                           best=None if s.sampling.adjust else b)
+                           best=None if constrained(s.sampling) else b)
                     for s, t, o, b in zip(rows, trees, outs, best)]
         tgt.commit([path for path, _ in accepted])
         results = []
