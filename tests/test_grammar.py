@@ -39,7 +39,7 @@ class ToyState(GrammarState):
     def _fill(self, row):
         bits = torch.zeros(VOCAB, dtype=torch.bool)
         bits[toy_allowed(self.out)] = True
-        row.copy_(pack(bits[None])[0])
+        row[:] = pack(bits[None])[0].numpy()
 
     def _push(self, token):  # (a forbidden token in the output shows as an impossible outcome in the chi-square tests)
         self.out.append(token)
@@ -69,7 +69,27 @@ def test_bitmasks_unpack_as_packed():
     g = torch.Generator().manual_seed(0)
     for v in (1, 31, 32, 33, 100):
         allowed = torch.rand(5, v, generator=g) < 0.5
-        assert torch.equal(unpack(pack(allowed), v), allowed)
+        assert torch.equal(unpack(pack(allowed).numpy(), v), allowed)
+
+
+@pytest.mark.parametrize("vocab", [64, 100, 49152])
+def test_logits_are_masked_as_the_bits_say(vocab, monkeypatch):
+    """The kernel's word-by-word masking and torch's fallback: -inf exactly where a bit is 0, words whole, empty and
+    partial, a vocabulary that ends inside a word."""
+    from drafttree.grammar import mask_logits
+    from drafttree.kernels import gemm
+
+    g = torch.Generator().manual_seed(vocab)
+    allowed = torch.rand(6, vocab, generator=g) < 0.7
+    allowed[1] = True
+    allowed[2] = False
+    allowed[3, : vocab // 2] = False
+    bits = pack(allowed).numpy()
+    z = torch.randn(6, vocab, generator=g)
+    want = torch.where(allowed, z, torch.tensor(float("-inf")))
+    assert torch.equal(mask_logits(z.clone(), bits), want)
+    monkeypatch.setattr(gemm, "small_gemm", lambda: None)  # as on a machine without the kernel
+    assert torch.equal(mask_logits(z.clone(), bits), want)
 
 
 def test_every_node_is_masked_for_its_own_path():
@@ -141,12 +161,12 @@ def test_trees_sample_the_constrained_distribution(s):
 
 def test_a_rule_that_masks_every_node_as_the_root_is_caught(monkeypatch):
     """The tempting bug: one mask per round (what may follow the output), used for every node of the tree."""
-    real = GrammarState.masks
+    real = GrammarState.bitmasks
 
     def rootwise(self, tree):
-        return real(self, DraftTree.root_only(0)).expand(tree.size, -1).clone()
+        return np.repeat(real(self, DraftTree.root_only(0)), tree.size, axis=0)
 
-    monkeypatch.setattr(GrammarState, "masks", rootwise)
+    monkeypatch.setattr(GrammarState, "bitmasks", rootwise)
     p12, p3 = _pvalues(Sampling(1.0, grammar=Toy()), n=1500)
     assert min(p12, p3) < 1e-4, f"a path-blind mask went unnoticed (p={p12:.2e}, {p3:.2e})"
 
@@ -187,7 +207,7 @@ def test_llguidance_masks_are_its_matchers_for_each_path(sm):
         if m.try_consume_tokens(path) < len(path):
             assert bool(got[i].all()), "a forbidden node's row is left as it is"
             continue
-        want = unpack(torch.frombuffer(bytearray(m.compute_bitmask()), dtype=torch.int32)[None], sm.target.vocab_size)
+        want = unpack(np.frombuffer(m.compute_bitmask(), dtype=np.int32)[None], sm.target.vocab_size)
         assert torch.equal(got[i], want[0]), i
     assert not bool(got[0, bad]) and bool(got[0, rest[0]])
 

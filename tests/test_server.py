@@ -58,6 +58,16 @@ def sse_events(data: bytes) -> list[str]:
     return [e[len("data: "):] for e in text.split("\n\n") if e]
 
 
+def stream_text(server, body) -> str:
+    """The streamed answer of a chat request, its deltas joined."""
+    status, _, data = request(server, "POST", "/v1/chat/completions", body)
+    assert status == 200
+    events = sse_events(data)
+    assert events[-1] == "[DONE]"
+    return "".join(json.loads(e)["choices"][0]["delta"].get("content") or "" for e in events[:-1]
+                   if json.loads(e)["choices"])
+
+
 def test_health_and_models(server, sm):
     status, headers, data = request(server, "GET", "/health")
     assert status == 200 and headers["Content-Type"].startswith("application/json")
@@ -221,7 +231,17 @@ BAD = [
     ({"messages": MESSAGES, "logprobs": "yes"}, "logprobs"),
     ({"messages": MESSAGES, "logprobs": True, "top_logprobs": 21}, "top_logprobs"),
     # fields that would change the output are refused, not ignored (their no-op values pass: NO_OPS below)
-    ({"messages": MESSAGES, "response_format": {"type": "json_object"}}, "response_format"),
+    ({"messages": MESSAGES, "response_format": {"type": "xml"}}, "response_format"),
+    ({"messages": MESSAGES, "response_format": {"type": "json_schema"}}, "response_format"),
+    ({"messages": MESSAGES, "response_format": {"type": "json_schema", "json_schema": {"schema": 5}}},
+     "response_format"),
+    ({"messages": MESSAGES, "response_format": {"type": "json_schema", "json_schema": {
+        "schema": {"type": "frobnicate"}}}}, "response_format"),  # refused by the grammar compiler
+    ({"messages": MESSAGES, "structured_outputs": {"regex": "(unclosed"}}, "structured_outputs"),
+    ({"messages": MESSAGES, "structured_outputs": {"regex": "a+", "choice": ["a"]}}, "structured_outputs"),
+    ({"messages": MESSAGES, "structured_outputs": {"structural_tag": "x"}}, "structured_outputs"),
+    ({"messages": MESSAGES, "guided_choice": []}, "guided_choice"),
+    ({"messages": MESSAGES, "guided_regex": "a+", "response_format": {"type": "json_object"}}, None),
     ({"messages": MESSAGES, "tools": [{"type": "function", "function": {"name": "f"}}]}, "tools"),
     ({"messages": MESSAGES, "tool_choice": "auto"}, "tool_choice"),
     ({"messages": MESSAGES, "best_of": 3}, "best_of"),
@@ -288,6 +308,36 @@ def test_bad_chat_requests_are_400(server, body, param):
 def test_bad_completion_requests_are_400(server, body, param):
     status, out = post(server, "/v1/completions", body)
     assert status == 400 and out["error"]["param"] == param
+
+
+SCHEMA = {"type": "object", "properties": {"name": {"type": "string"}, "age": {"type": "integer"}},
+          "required": ["name", "age"], "additionalProperties": False}
+ASK_JSON = [{"role": "user", "content": "Alice is 31. Give her record as JSON."}]
+
+
+@pytest.mark.parametrize("fields,library", [
+    ({"response_format": {"type": "json_schema", "json_schema": {"name": "person", "schema": SCHEMA, "strict": True}}},
+     {"json_schema": SCHEMA}),
+    ({"response_format": {"type": "json_object"}}, {"json_schema": True}),
+    ({"structured_outputs": {"json": SCHEMA}}, {"json_schema": SCHEMA}),
+    ({"guided_json": json.dumps(SCHEMA)}, {"json_schema": SCHEMA}),
+    ({"structured_outputs": {"choice": ["31", "thirty-one"]}}, {"choice": ["31", "thirty-one"]}),
+    ({"guided_regex": "[0-9]{2} years"}, {"regex": "[0-9]{2} years"}),
+])
+def test_structured_output_is_the_librarys(server, sm, fields, library):
+    """OpenAI's response_format and vLLM's structured_outputs / guided_* give the library's constrained text, streamed
+    or not, and a schema's answer parses."""
+    body = {"messages": ASK_JSON, "max_tokens": 40, "temperature": 0, **fields}
+    status, out = post(server, "/v1/chat/completions", body)
+    assert status == 200, out
+    text = out["choices"][0]["message"]["content"]
+    want = sm.generate(ASK_JSON, max_new_tokens=40, method="ar", **library)
+    assert text == want.text
+    if "json_schema" in library and out["choices"][0]["finish_reason"] == "stop":
+        value = json.loads(text)
+        assert library["json_schema"] is True or set(value) == {"name", "age"}
+    streamed = stream_text(server, {**body, "stream": True})
+    assert streamed == text
 
 
 def test_malformed_json_and_non_object(server):

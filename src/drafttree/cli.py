@@ -82,7 +82,7 @@ def cmd_generate(args) -> int:
               top_k=args.top_k, seed=seed, chat=not args.raw, stop=args.stop or None,
               record_rounds=args.verbose, logprobs=args.logprobs, ignore_eos=args.ignore_eos, min_p=args.min_p,
               presence_penalty=args.presence_penalty, frequency_penalty=args.frequency_penalty,
-              repetition_penalty=args.repetition_penalty, min_tokens=args.min_tokens)
+              repetition_penalty=args.repetition_penalty, min_tokens=args.min_tokens, **_structured(args))
     if args.warmup:
         lm.generate(prompt, **{**kw, "max_new_tokens": min(8, args.max_new_tokens)})
     if args.stream and not args.json:
@@ -306,6 +306,23 @@ def _aux_layers(spec: str, num_layers: int) -> list[int] | None:
         raise DraftTreeError(f"--aux-layers must be auto, none or comma-separated integers, got {spec!r}") from None
 
 
+def _structured(args) -> dict:
+    """The structured-output flags as the library's arguments: a schema or grammar given as a file or as text."""
+    def text_or_file(value: str | None) -> str | None:
+        if value is None or not value.startswith("@"):
+            return value
+        try:
+            return Path(value[1:]).read_text()
+        except OSError as e:
+            raise DraftTreeError(f"cannot read {value[1:]}: {e.strerror}") from None
+
+    schema = text_or_file(args.json_schema)
+    if args.json_object and schema is not None:
+        raise DraftTreeError("give --json-object or --json-schema, not both")
+    return {"json_schema": True if args.json_object else schema, "regex": args.regex,
+            "choice": args.choice, "grammar": text_or_file(args.grammar)}
+
+
 # -------------------------------------------------------------------------------------------- parser
 
 
@@ -334,6 +351,12 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--stop", action="append", help="stop string (repeatable)")
     g.add_argument("--ignore-eos", action="store_true",
                    help="do not stop at the model's end-of-sequence token: generate --max-new-tokens tokens")
+    g.add_argument("--json-schema", default=None, metavar="SCHEMA",
+                   help="the answer follows this JSON schema (JSON text, or @FILE)")
+    g.add_argument("--json-object", action="store_true", help="the answer is a JSON object")
+    g.add_argument("--regex", default=None, help="the answer matches this regular expression")
+    g.add_argument("--choice", action="append", help="the answer is one of these strings (repeatable)")
+    g.add_argument("--grammar", default=None, help="the answer follows this Lark or GBNF grammar (text, or @FILE)")
     g.add_argument("--raw", action="store_true", help="do not apply the chat template")
     g.add_argument("--compare", action="store_true",
                    help="also run plain decoding (with the same seed when sampling); print speedup and agreement")

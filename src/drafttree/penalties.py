@@ -132,11 +132,13 @@ def adjusted(sampling, logits: torch.Tensor, tree: DraftTree, context: list[int]
     if adjust is not None:
         z = adjust.apply(logits, tree.tokens, tree.ancestors, tree.depths, context, prompt_len, end_ids)
     if grammar is not None:
+        from drafttree.grammar import mask_logits
+
         grammar.sync(context[prompt_len:])
-        allowed = grammar.masks(tree).to(z.device)
+        bits = grammar.bitmasks(tree)
         if z is logits:
             z = _scratch(*logits.shape, logits.device).copy_(logits)
-        z.masked_fill_(~allowed, float("-inf"))
+        mask_logits(z, bits)
     return z
 
 

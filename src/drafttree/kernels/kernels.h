@@ -40,6 +40,7 @@ torch::Tensor linear(const torch::Tensor& x, const torch::Tensor& w, const c10::
 torch::Tensor gated_mlp(const torch::Tensor& x, const torch::Tensor& gate, const torch::Tensor& up,
                         const torch::Tensor& down, const std::vector<c10::optional<torch::Tensor>>& biases);
 torch::Tensor rms_norm(const torch::Tensor& x, const torch::Tensor& w, double eps);
+void apply_token_bitmask(torch::Tensor& logits, const torch::Tensor& bits);
 std::vector<torch::Tensor> rotary(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& cos,
                                   const torch::Tensor& sin);
 torch::Tensor tree_attention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,

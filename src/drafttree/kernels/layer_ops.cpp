@@ -5,6 +5,7 @@
 // call instead of ~eight small torch ops per norm: at one token per step the ops' overhead is most of a norm's
 // time. Each row's sum of squares in float32 in one fixed order: a row's result does not depend on the rows
 // normalised with it.
+#include <limits>
 #include <ATen/Parallel.h>
 
 #include <vector>
@@ -148,6 +149,34 @@ std::vector<torch::Tensor> rotary(const torch::Tensor& q, const torch::Tensor& k
     outs.push_back(out);
   }
   return outs;
+}
+
+// Structured output (grammar.py): -inf in float32 logits [n, V] wherever the int32 bitmasks [n, ceil(V / 32)] have a
+// 0 bit (token t: bit t % 32 of word t / 32), in place. Whole words allowed are skipped, whole words forbidden filled
+// at once: a row costs what its grammar forbids (torch's masked_fill over a bool mask: ~30 ns a word here).
+void apply_token_bitmask(torch::Tensor& logits, const torch::Tensor& bits) {
+  TORCH_CHECK(logits.device().is_cpu() && bits.device().is_cpu(), "apply_token_bitmask: CPU tensors only");
+  TORCH_CHECK(logits.scalar_type() == torch::kFloat32 && bits.scalar_type() == torch::kInt32,
+              "apply_token_bitmask: float32 logits, int32 bitmasks");
+  TORCH_CHECK(logits.dim() == 2 && bits.dim() == 2 && logits.is_contiguous() && bits.is_contiguous() &&
+                  logits.size(0) == bits.size(0) && bits.size(1) * 32 >= logits.size(1),
+              "apply_token_bitmask: logits [n, V] and bitmasks [n, >= V / 32], contiguous");
+  const int64_t n = logits.size(0), V = logits.size(1), W = bits.size(1);
+  const float ninf = -std::numeric_limits<float>::infinity();
+  float* z = logits.data_ptr<float>();
+  const uint32_t* b = reinterpret_cast<const uint32_t*>(bits.data_ptr<int32_t>());
+  for (int64_t r = 0; r < n; ++r) {
+    float* row = z + r * V;
+    const uint32_t* words = b + r * W;
+    for (int64_t w = 0; w * 32 < V; ++w) {
+      const uint32_t word = words[w];
+      if (word == 0xFFFFFFFFu) continue;
+      const int64_t end = std::min<int64_t>(32, V - w * 32);
+      float* p = row + w * 32;
+      for (int64_t j = 0; j < end; ++j)
+        if (!((word >> j) & 1u)) p[j] = ninf;
+    }
+  }
 }
 
 }  // namespace drafttree_kernels

@@ -484,6 +484,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         py::call_guard<py::gil_scoped_release>());
   m.def("rms_norm", &drafttree_kernels::rms_norm, py::arg("x"), py::arg("w"), py::arg("eps"),
         py::call_guard<py::gil_scoped_release>());
+  m.def("apply_token_bitmask", &drafttree_kernels::apply_token_bitmask, py::arg("logits"), py::arg("bits"),
+        py::call_guard<py::gil_scoped_release>());
   m.def("rotary", &drafttree_kernels::rotary, py::arg("q"), py::arg("k"), py::arg("cos"), py::arg("sin"),
         py::call_guard<py::gil_scoped_release>());
   m.def("tree_attention", &drafttree_kernels::tree_attention, py::arg("q"), py::arg("k"), py::arg("v"),

@@ -39,7 +39,7 @@ from drafttree.server.streaming import sse, usage
 RETRY_AFTER_SECONDS = 2
 # a generation's sampling settings, in SpeculativeModel.sampling's order (the request's names)
 SAMPLING_PARAMS = ("temperature", "top_p", "top_k", "min_p", "presence_penalty", "frequency_penalty",
-                   "repetition_penalty", "logit_bias", "min_tokens")
+                   "repetition_penalty", "logit_bias", "min_tokens", "json_schema", "regex", "choice", "grammar")
 PROMETHEUS_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 DISCONNECT_CHECK_SECONDS = 1.0  # how often a non-streaming request checks that its client is still there
 
@@ -348,9 +348,12 @@ async def complete(svc: Service, request: Request, chat: bool):
                           "context_length_exceeded")
     params["max_new_tokens"] = min(params["max_new_tokens"], room)
     try:
-        sampling = svc.sm.sampling(*(params[k] for k in SAMPLING_PARAMS))
+        sampling = svc.sm.sampling(**{k: params[k] for k in SAMPLING_PARAMS})
     except DraftTreeError as e:
-        raise bad_request(str(e), next((k for k in SAMPLING_PARAMS if k in str(e)), None)) from e
+        msg, field = str(e), req.structured()[0]
+        if field and (msg.startswith(("json_schema", "regex", "choice", "grammar")) or "structured" in msg):
+            raise bad_request(msg, field) from e  # the request field that carried the constraint
+        raise bad_request(msg, next((k for k in SAMPLING_PARAMS if k in msg), None)) from e
     try:
         ends = svc.sm.end_ids(params["stop_token_ids"], params["ignore_eos"])
     except DraftTreeError as e:

@@ -20,7 +20,11 @@ MAX_STOPS = 16
 
 # OpenAI (and vLLM) fields that would change what is generated, with their no-op values: accepted at those (clients
 # send them by default), refused otherwise
-NO_OPS = {"response_format": {"type": "text"}, "tools": [], "tool_choice": "none", "best_of": 1}
+NO_OPS = {"tools": [], "tool_choice": "none", "best_of": 1}
+# vLLM's structured_outputs keys (and its older guided_* fields) -> the library's structured-output arguments
+STRUCTURED_KINDS = {"json": "json_schema", "regex": "regex", "choice": "choice", "grammar": "grammar"}
+STRUCTURED_FIELDS = ("response_format", "structured_outputs", "guided_json", "guided_regex", "guided_choice",
+                     "guided_grammar")
 
 
 class StreamOptions(BaseModel):
@@ -68,7 +72,15 @@ class GenerationParams(BaseModel):
     repetition_penalty: float | None = Field(None, gt=0, description="vLLM's: divides positive logits "
                                              "(multiplies negative ones) of tokens in the prompt or the output")
     logit_bias: dict[str, float] | None = Field(None, description="token id -> bias in [-100, 100] added to its logit")
-    response_format: Any = None
+    response_format: Any = Field(None, description="OpenAI's: {'type': 'json_object'} (any JSON object) or {'type': "
+                                 "'json_schema', 'json_schema': {'schema': {...}}}: the text follows it, each token "
+                                 "the target's own choice among those allowed")
+    structured_outputs: Any = Field(None, description="vLLM's: one of {'json': schema}, {'regex': ...}, {'choice': "
+                                    "[...]}, {'grammar': Lark or GBNF}, {'json_object': true}")
+    guided_json: Any = Field(None, description="vLLM's older name for structured_outputs.json")
+    guided_regex: Any = Field(None, description="vLLM's older name for structured_outputs.regex")
+    guided_choice: Any = Field(None, description="vLLM's older name for structured_outputs.choice")
+    guided_grammar: Any = Field(None, description="vLLM's older name for structured_outputs.grammar")
     tools: Any = None
     tool_choice: Any = None
     best_of: Any = None
@@ -110,6 +122,59 @@ class GenerationParams(BaseModel):
         raise ValueError(f"only {json.dumps(ok)} is supported here: other values would change what the target "
                          "generates, and drafttree samples the target's own distribution exactly")
 
+    @field_validator("response_format", mode="before")
+    @classmethod
+    def _response_format(cls, v):
+        if v is None:
+            return None
+        if not isinstance(v, dict) or v.get("type") not in ("text", "json_object", "json_schema"):
+            raise ValueError("must be {'type': 'text'}, {'type': 'json_object'} or {'type': 'json_schema', "
+                             "'json_schema': {'schema': {...}}}")
+        if v["type"] == "text":
+            return None
+        if v["type"] == "json_object":
+            return {"json_schema": True}
+        spec = v.get("json_schema")
+        if not isinstance(spec, dict):
+            raise ValueError("json_schema must be an object with the schema under 'schema'")
+        schema = spec.get("schema", True)  # OpenAI's schema is optional: without one, any JSON object
+        if schema is not True and not isinstance(schema, dict):
+            raise ValueError("json_schema.schema must be a JSON schema object")
+        return {"json_schema": schema}
+
+    @field_validator("structured_outputs", mode="before")
+    @classmethod
+    def _structured_outputs(cls, v):
+        if v is None:
+            return None
+        if not isinstance(v, dict):
+            raise ValueError("must be an object such as {'json': {...}}, {'regex': ...} or {'choice': [...]}")
+        given = {k: x for k, x in v.items() if x is not None and x is not False}
+        other = sorted(set(given) - set(STRUCTURED_KINDS) - {"json_object"})
+        if other:
+            raise ValueError(f"{other[0]!r} is not supported here; give one of json, regex, choice, grammar, "
+                             "json_object")
+        if len(given) != 1:
+            raise ValueError("give exactly one of json, regex, choice, grammar, json_object")
+        (k, x), = given.items()
+        return {"json_schema": True} if k == "json_object" else {STRUCTURED_KINDS[k]: x}
+
+    @model_validator(mode="after")
+    def _one_structure(self):
+        given = [f for f in STRUCTURED_FIELDS if getattr(self, f) is not None]
+        if len(given) > 1:
+            raise ValueError(f"give one structured-output field, not {' and '.join(given)}")
+        return self
+
+    def structured(self) -> tuple[str | None, dict]:
+        """(the request field, the library's structured-output arguments); (None, {}) when there is none."""
+        for f in STRUCTURED_FIELDS:
+            v = getattr(self, f)
+            if v is not None:
+                return (f, v) if f in ("response_format", "structured_outputs") else (
+                    f, {STRUCTURED_KINDS[f.removeprefix("guided_")]: v})
+        return None, {}
+
     @model_validator(mode="after")
     def _options_need_stream(self):
         if self.stream_options is not None and not self.stream:
@@ -139,7 +204,8 @@ class GenerationParams(BaseModel):
                 "include_stop": bool(self.include_stop_str_in_output), "min_p": self.min_p or 0.0,
                 "presence_penalty": self.presence_penalty or 0.0, "frequency_penalty": self.frequency_penalty or 0.0,
                 "repetition_penalty": 1.0 if self.repetition_penalty is None else self.repetition_penalty,
-                "logit_bias": self.logit_bias or {}, "min_tokens": self.min_tokens or 0}
+                "logit_bias": self.logit_bias or {}, "min_tokens": self.min_tokens or 0,
+                "json_schema": None, "regex": None, "choice": None, "grammar": None, **self.structured()[1]}
 
     def logprob_count(self) -> int | None:
         """Alternatives per token to report with each token's log-probability; None: no logprobs."""
