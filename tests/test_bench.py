@@ -19,8 +19,10 @@ from drafttree.errors import DraftTreeError
 def test_vendored_question_files():
     for name in VENDORED:
         task = load_task(name)
-        assert len(task.questions) == 80, name
+        assert len(task.questions) == (12 if name == "json" else 80), name
         assert all(q.turns and all(isinstance(t, str) for t in q.turns) for q in task.questions)
+    assert all(set(q.constraint) == {"json_schema"} for q in load_task("json").questions)
+    assert load_task("gsm8k").questions[0].constraint is None
     assert {len(q.turns) for q in load_task("mt_bench").questions} == {2}
     assert not (QUESTIONS_DIR / "alpaca.jsonl").exists()  # CC BY-NC: must not ship
     readme = (QUESTIONS_DIR / "README.md").read_text()
@@ -53,6 +55,8 @@ def test_user_file_and_malformed_lines(tmp_path):
         '{"question_id": 1, "turns": ["ok"]}\n{"turns": ["x"]}\n': "question_id",
         '{"question_id": 1, "turns": ["ok"]}\n{"question_id": 1, "turns": ["x"]}\n': "duplicate",
         '{"question_id": 1, "turns": ["ok"]}\n[1, 2]\n': "JSON object",
+        '{"question_id": 1, "turns": ["ok"]}\n{"question_id": 2, "turns": ["x"], "regex": "a", "choice": ["a"]}\n':
+            "give one of",
     }
     for i, (text, what) in enumerate(cases.items()):
         bad = tmp_path / f"bad{i}.jsonl"

@@ -266,3 +266,26 @@ def test_after_the_grammars_end_only_end_tokens_follow(sm):
     for method in ("lookup", "hybrid", "auto"):
         got = sm.generate(prompt, max_new_tokens=12, method=method, choice=["Paris", "Rome"], ignore_eos=True)
         assert got.tokens == plain.tokens, method
+
+
+def test_the_state_follows_an_output_that_rolls_back():
+    """transformers' assisted generation calls its logits processors on candidates' prefixes, then on a shorter output
+    after a rejection: the state rolls back to the common prefix."""
+    state = ToyState()
+    state.sync([2, 5, 1])
+    state.sync([2, 5, 1, 3])
+    assert state.out == [2, 5, 1, 3]
+    state.sync([2, 5])
+    assert state.out == [2, 5]
+    state.sync([2, 7, 3])
+    assert state.out == [2, 7, 3] and state.pushed == 3
+
+
+@pytest.mark.parametrize("method", ["hf-ar", "hf-lookup"])
+def test_transformers_methods_decode_under_the_same_grammar(sm, method):
+    from drafttree.bench.peers import hf_generate
+
+    ids = sm.encode_prompt(PERSON)
+    grammar = sm.sampling(json_schema=SCHEMA).grammar
+    new, _ = hf_generate(method, sm.target, ids, 40, 0.0, sm.eos_ids, 0, grammar=grammar)
+    assert new == sm.generate(PERSON, max_new_tokens=40, method="ar", json_schema=SCHEMA).tokens

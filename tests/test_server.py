@@ -242,8 +242,18 @@ BAD = [
     ({"messages": MESSAGES, "structured_outputs": {"structural_tag": "x"}}, "structured_outputs"),
     ({"messages": MESSAGES, "guided_choice": []}, "guided_choice"),
     ({"messages": MESSAGES, "guided_regex": "a+", "response_format": {"type": "json_object"}}, None),
-    ({"messages": MESSAGES, "tools": [{"type": "function", "function": {"name": "f"}}]}, "tools"),
+    ({"messages": MESSAGES, "tools": [{"type": "function", "function": {"name": "f"}}]}, "tool_choice"),  # auto
     ({"messages": MESSAGES, "tool_choice": "auto"}, "tool_choice"),
+    ({"messages": MESSAGES, "tool_choice": "required"}, "tool_choice"),  # no tools
+    ({"messages": MESSAGES, "tools": [{"type": "code"}], "tool_choice": "required"}, "tools"),
+    ({"messages": MESSAGES, "tools": [{"type": "function", "function": {"name": "f"}}],
+      "tool_choice": {"type": "function", "function": {"name": "g"}}}, "tool_choice"),
+    ({"messages": MESSAGES, "tools": [{"type": "function", "function": {"name": "f"}}], "tool_choice": "required",
+      "response_format": {"type": "json_object"}}, None),
+    ({"messages": [*MESSAGES, {"role": "assistant", "content": None, "function_call": {"name": "f"}}]},
+     "messages[1].function_call"),
+    ({"messages": [*MESSAGES, {"role": "assistant", "tool_calls": [{"function": {"name": "f", "arguments": "{x"}}]}]},
+     "messages[1].tool_calls"),
     ({"messages": MESSAGES, "best_of": 3}, "best_of"),
     ({"messages": MESSAGES, "frequency_penalty": 2.5}, "frequency_penalty"),
     ({"messages": MESSAGES, "presence_penalty": "lots"}, "presence_penalty"),
@@ -255,8 +265,6 @@ BAD = [
     ({"messages": MESSAGES, "max_tokens": 4, "min_tokens": 5}, None),
     ({"messages": MESSAGES, "min_tokens": -1}, "min_tokens"),
     ({"messages": MESSAGES, "min_p": 1.5}, "min_p"),
-    ({"messages": [*MESSAGES, {"role": "assistant", "content": None, "tool_calls": [
-        {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}]}]}, "messages[1].tool_calls"),
     ({"messages": MESSAGES, "ignore_eos": "maybe"}, "ignore_eos"),
     ({"messages": MESSAGES, "include_stop_str_in_output": [1]}, "include_stop_str_in_output"),
     ({"messages": MESSAGES, "stream_options": {"include_usage": True}}, None),  # only with stream: true
@@ -313,6 +321,45 @@ def test_bad_completion_requests_are_400(server, body, param):
 SCHEMA = {"type": "object", "properties": {"name": {"type": "string"}, "age": {"type": "integer"}},
           "required": ["name", "age"], "additionalProperties": False}
 ASK_JSON = [{"role": "user", "content": "Alice is 31. Give her record as JSON."}]
+
+
+WEATHER = {"type": "function", "function": {"name": "get_weather", "description": "Weather in a city", "parameters": {
+    "type": "object", "properties": {"city": {"type": "string"}, "unit": {"enum": ["celsius", "fahrenheit"]}},
+    "required": ["city", "unit"], "additionalProperties": False}}}
+TIME = {"type": "function", "function": {"name": "get_time", "parameters": {
+    "type": "object", "properties": {"timezone": {"type": "string"}}, "required": ["timezone"]}}}
+ASK_WEATHER = [{"role": "user", "content": "What is the weather in Oslo, in celsius?"}]
+
+
+@pytest.mark.parametrize("choice", [{"type": "function", "function": {"name": "get_weather"}}, "required"])
+def test_tool_calls_for_a_named_function_or_required(server, sm, choice):
+    """tool_choice naming a function or "required": the answer is tool_calls (OpenAI's shape, arguments as JSON text
+    that parses and fits the schema), the same streamed (one delta with the calls) and not; a follow-up turn that
+    carries the calls and the tool's answer is accepted."""
+    body = {"messages": ASK_WEATHER, "tools": [WEATHER, TIME], "tool_choice": choice, "max_tokens": 80,
+            "temperature": 0}
+    status, out = post(server, "/v1/chat/completions", body)
+    assert status == 200, out
+    ch = out["choices"][0]
+    assert ch["finish_reason"] == "tool_calls" and ch["message"]["content"] is None
+    calls = ch["message"]["tool_calls"]
+    assert calls and all(c["type"] == "function" and c["id"].startswith("call_") for c in calls)
+    if isinstance(choice, dict):
+        assert [c["function"]["name"] for c in calls] == ["get_weather"]
+    args = json.loads(calls[0]["function"]["arguments"])
+    if calls[0]["function"]["name"] == "get_weather":
+        assert set(args) == {"city", "unit"} and args["unit"] in ("celsius", "fahrenheit")
+    status, _, data = request(server, "POST", "/v1/chat/completions", {**body, "stream": True})
+    events = [json.loads(e) for e in sse_events(data)[:-1]]
+    deltas = [e["choices"][0]["delta"] for e in events if e["choices"]]
+    assert not any(d.get("content") for d in deltas)
+    streamed = [c for d in deltas for c in d.get("tool_calls", [])]
+    assert [(c["index"], c["function"]) for c in streamed] == [(k, c["function"]) for k, c in enumerate(calls)]
+    assert events[-1]["choices"][0]["finish_reason"] == "tool_calls"
+    follow = [*ASK_WEATHER, {"role": "assistant", "content": None, "tool_calls": calls},
+              {"role": "tool", "tool_call_id": calls[0]["id"], "content": '{"temperature": 4}'}]
+    status, out = post(server, "/v1/chat/completions", {"messages": follow, "max_tokens": 8, "temperature": 0})
+    assert status == 200 and out["choices"][0]["message"]["content"]
 
 
 @pytest.mark.parametrize("fields,library", [

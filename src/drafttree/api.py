@@ -202,7 +202,9 @@ class SpeculativeModel:
             raise DraftTreeError(f"token ids must be in [0, {vocab}), got {int(ids.min())}..{int(ids.max())}")
         return ids
 
-    def encode_prompt(self, prompt: str | list[dict], chat: bool = True) -> torch.Tensor:
+    def encode_prompt(self, prompt: str | list[dict], chat: bool = True,
+                      tools: list[dict] | None = None) -> torch.Tensor:
+        """Token ids of text or chat messages (the chat template, given ``tools`` where it has a use for them)."""
         tok = self.tokenizer
         if isinstance(prompt, str):
             if not prompt.strip():
@@ -217,7 +219,8 @@ class SpeculativeModel:
         if not getattr(tok, "chat_template", None):
             raise DraftTreeError("this model has no chat template: pass a plain string with chat=False")
         try:
-            ids = tok.apply_chat_template(prompt, add_generation_prompt=True, tokenize=True, return_dict=False)
+            ids = tok.apply_chat_template(prompt, tools=tools, add_generation_prompt=True, tokenize=True,
+                                          return_dict=False)
         except Exception as e:  # the model's template refuses these messages (a role it lacks, turns out of order)
             if type(e).__module__.startswith("jinja2"):
                 raise DraftTreeError(f"the model's chat template refused these messages: {e}") from None

@@ -49,7 +49,8 @@ class GrammarState:
     end_ids: tuple[int, ...] = ()  # what a finished grammar still allows (the end of the text)
 
     def __init__(self) -> None:
-        self.consumed = 0  # output tokens pushed so far
+        self.output: list[int] = []  # the output this state follows
+        self.pushed = 0  # how many of its tokens are pushed (none after the grammar's end)
 
     def _fill(self, row: np.ndarray) -> None:
         """The tokens allowed next, as bits into ``row`` (a contiguous int32 array of ``words(vocab)``)."""
@@ -65,13 +66,22 @@ class GrammarState:
         raise NotImplementedError
 
     def sync(self, output: list[int]) -> None:
-        """Follow the generation's output (the tokens after the prompt) up to its end. A finished grammar takes no
-        more tokens (what comes after its end token, where end tokens do not end the text, is not pushed)."""
-        for tok in output[self.consumed:]:
-            if self._stopped():
-                break
-            self._push(tok)
-        self.consumed = len(output)
+        """Follow the generation's output (the tokens after the prompt): usually it grew since the last call; where it
+        differs (a caller that rolls back, as transformers' assisted generation does), the state rolls back to the
+        common prefix first. A finished grammar takes no more tokens (what follows its end is not pushed)."""
+        old, n = self.output, len(self.output)
+        same = n if output[:n] == old else next((i for i, (a, b) in enumerate(zip(old, output)) if a != b),
+                                                min(n, len(output)))
+        if same < self.pushed:
+            self._pop(self.pushed - same)
+            self.pushed = same
+        if self.pushed == min(n, same):  # everything up to the common prefix was pushed: push what is new
+            for tok in output[self.pushed:]:
+                if self._stopped():
+                    break
+                self._push(tok)
+                self.pushed += 1
+        self.output = list(output)
 
     def bitmasks(self, tree: DraftTree) -> np.ndarray:
         """[n, words] int32 bitmasks: row i holds what may follow the output and node i's path (node 0 is the

@@ -98,7 +98,8 @@ def add_parser(sub) -> None:
                    help=f"comma-separated; ours: {', '.join(METHODS)}; measurement only: {', '.join(BENCH_METHODS)}; "
                         f"Hugging Face: {', '.join(HF_METHODS)}")
     b.add_argument("--tasks", action="append", default=None,
-                   help=f"comma-separated built-in names ({', '.join(BUILTIN)}) or question-file paths")
+                   help=f"comma-separated built-in names ({', '.join(BUILTIN)}; also json: answers under a JSON "
+                        "schema) or question-file paths")
     b.add_argument("--data-dir", default=None,
                    help="folder with alpaca.jsonl (default $DRAFTTREE_BENCH_DATA or ../shared/data/bench)")
     b.add_argument("--temperature", type=float, default=None, help="0 = greedy (default)")

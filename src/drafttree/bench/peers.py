@@ -45,11 +45,30 @@ class ForwardCounter:
         return False
 
 
+class GrammarLogits:
+    """A transformers logits processor: what the grammar allows after the output so far (assisted generation calls it
+    on each candidate's prefix, and on shorter prefixes after a rejection: the state follows them)."""
+
+    def __init__(self, grammar, prompt_len: int):
+        self.state, self.prompt_len = grammar.start(), prompt_len
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        from drafttree.grammar import mask_logits
+        from drafttree.tree import DraftTree
+
+        if input_ids.shape[0] != 1:
+            raise DraftTreeError("structured output through transformers runs one sequence at a time")
+        self.state.sync(input_ids[0, self.prompt_len:].tolist())
+        return mask_logits(scores.float().contiguous().clone(), self.state.bitmasks(DraftTree.root_only(0)))
+
+
 def hf_generate(method: str, target, input_ids: torch.Tensor, max_new_tokens: int, temperature: float,
-                eos_ids, seed: int | None, draft=None) -> tuple[list[int], int]:
+                eos_ids, seed: int | None, draft=None, grammar=None) -> tuple[list[int], int]:
     """Run one Hugging Face generation; return (new token ids, target forward calls).
 
-    ``target``/``draft`` are :class:`drafttree.models.LoadedModel`; ``input_ids`` a 1-D prompt tensor.
+    ``target``/``draft`` are :class:`drafttree.models.LoadedModel`; ``input_ids`` a 1-D prompt tensor; ``grammar``:
+    a structured-output constraint (grammar.py) applied as a logits processor, so transformers' methods decode under
+    the same constraint as ours.
     """
     if method not in HF_METHODS:
         raise DraftTreeError(f"unknown Hugging Face method {method!r}; choose one of {', '.join(HF_METHODS)}")
@@ -72,6 +91,10 @@ def hf_generate(method: str, target, input_ids: torch.Tensor, max_new_tokens: in
         if draft is None:
             raise DraftTreeError("method 'hf-assisted' needs a draft model (--draft-model)")
         kw["assistant_model"] = draft.model
+    if grammar is not None:
+        from transformers import LogitsProcessorList
+
+        kw["logits_processor"] = LogitsProcessorList([GrammarLogits(grammar, ids.shape[1])])
     if seed is not None:
         torch.manual_seed(seed)
         if target.device.type == "cuda":

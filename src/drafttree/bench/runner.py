@@ -226,6 +226,8 @@ class BenchRunner:
         dev = lm.target.device
         messages: list[dict] = []
         out = []
+        # the question's structured-output constraint (grammar.py), compiled once for transformers' methods
+        grammar = lm.sampling(**question.constraint).grammar if question.constraint else None
         for i, user in enumerate(question.turns[: turns or len(question.turns)]):
             messages.append({"role": "user", "content": user})
             ids = lm.encode_prompt(messages)
@@ -234,7 +236,7 @@ class BenchRunner:
                 _sync(dev)
                 t0 = time.perf_counter()
                 new, fwd = hf_generate(method, lm.target, ids, max_new, cfg.temperature, lm.eos_ids, s,
-                                       draft=lm.draft)
+                                       draft=lm.draft, grammar=grammar)
                 _sync(dev)
                 wall = time.perf_counter() - t0
                 text = lm.tokenizer.decode(new, skip_special_tokens=True)
@@ -250,7 +252,7 @@ class BenchRunner:
                     drafter = self._drafter(method, ids, max_new) if name in BENCH_METHODS else \
                         self._variant_drafter(method)
                     res = lm.generate(ids, max_new_tokens=max_new, temperature=cfg.temperature, seed=s, method=name,
-                                      method_options=opts, drafter=drafter)
+                                      method_options=opts, drafter=drafter, **(question.constraint or {}))
                 oracle = drafter if name in BENCH_METHODS else None
                 _sync(dev)
                 wall = time.perf_counter() - t0

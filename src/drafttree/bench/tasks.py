@@ -1,6 +1,8 @@
 """Benchmark tasks: question files in the EAGLE / Spec-Bench JSONL format.
 
-One JSON object a line: ``{"question_id": int|str, "category": str, "turns": [str, ...], "reference"?: ...}``.
+One JSON object a line: ``{"question_id": int|str, "category": str, "turns": [str, ...], "reference"?: ...}``, and
+at most one structured-output constraint every answer follows: ``"json_schema"``, ``"regex"``, ``"choice"`` or
+``"grammar"`` (as the library takes them).
 Built-in names are the six sets of the EAGLE-2 paper; five ship inside the package (``questions/``), Alpaca
 (CC BY-NC 4.0) does not and is read from a data directory. Any other name is taken as a file path.
 """
@@ -15,11 +17,11 @@ from pathlib import Path
 from drafttree.errors import DraftTreeError
 
 QUESTIONS_DIR = Path(__file__).resolve().parent / "questions"
-VENDORED = ("mt_bench", "humaneval", "gsm8k", "sum", "qa")
+VENDORED = ("mt_bench", "humaneval", "gsm8k", "sum", "qa", "json")
 EXTERNAL = ("alpaca",)  # licence forbids shipping; resolved from the data directory
 BUILTIN = ("mt_bench", "humaneval", "gsm8k", "alpaca", "sum", "qa")  # the EAGLE-2 paper's order
 DISPLAY = {"mt_bench": "MT-bench", "humaneval": "HumanEval", "gsm8k": "GSM8K", "alpaca": "Alpaca",
-           "sum": "CNN/DM", "qa": "Natural Ques."}
+           "sum": "CNN/DM", "qa": "Natural Ques.", "json": "JSON (schema)"}
 DATA_ENV = "DRAFTTREE_BENCH_DATA"
 
 
@@ -29,6 +31,7 @@ class Question:
     category: str
     turns: list[str]
     reference: object = None
+    constraint: dict | None = None  # structured output every answer follows, e.g. {"json_schema": {...}} (grammar.py)
 
 
 @dataclass
@@ -103,7 +106,11 @@ def read_questions(path: str | Path) -> list[Question]:
         if qid in seen:
             raise DraftTreeError(f"{where}: duplicate question_id {qid!r} (first on line {seen[qid]})")
         seen[qid] = no
-        out.append(Question(qid, cat, list(turns), obj.get("reference")))
+        kinds = [k for k in ("json_schema", "regex", "choice", "grammar") if obj.get(k) is not None]
+        if len(kinds) > 1:
+            raise DraftTreeError(f"{where}: give one of json_schema, regex, choice, grammar, not {' and '.join(kinds)}")
+        out.append(Question(qid, cat, list(turns), obj.get("reference"),
+                            {kinds[0]: obj[kinds[0]]} if kinds else None))
     if not out:
         raise DraftTreeError(f"question file {path} holds no questions")
     return out

@@ -35,6 +35,7 @@ from drafttree.server.requests import MAX_BODY_BYTES, RequestError, bad_request,
 from drafttree.server.scheduler import Job, QueueFull, Scheduler
 from drafttree.server.schemas import ChatRequest, CompletionRequest
 from drafttree.server.streaming import sse, usage
+from drafttree.server.tools import tool_message
 
 RETRY_AFTER_SECONDS = 2
 # a generation's sampling settings, in SpeculativeModel.sampling's order (the request's names)
@@ -100,7 +101,7 @@ class Service:
         param = "messages" if chat else "prompt"
         try:
             if chat:
-                ids = sm.encode_prompt(parse_messages(req.model_dump()), chat=True)
+                ids = sm.encode_prompt(parse_messages(req.model_dump()), chat=True, tools=req.tools)
             elif isinstance(req.prompt, list):
                 vocab = sm.target.vocab_size
                 if any(t < 0 or t >= vocab for t in req.prompt):
@@ -128,14 +129,15 @@ class Service:
         return {"id": rid, "object": "chat.completion.chunk" if chat else "text_completion", "created": created,
                 "model": self.model_name, "choices": [choice], **extra}
 
-    def completion(self, results: list[dict], chat: bool, rid: str) -> dict:
-        """The answer to a request of ``len(results)`` completions (n): a choice each; the prompt counted once."""
+    def completion(self, results: list[dict], chat: bool, rid: str, tools=None) -> dict:
+        """The answer to a request of ``len(results)`` completions (n): a choice each; the prompt counted once.
+        ``tools``: the request's ToolMode (server/tools.py): a finished answer is its tool calls."""
         choices = []
         for i, res in enumerate(results):
             lps = None if res["logprobs"] is None else self.logprobs(res["logprobs"], chat)
             if chat:
-                choices.append({"index": i, "message": {"role": "assistant", "content": res["text"]},
-                                "logprobs": lps, "finish_reason": res["finish_reason"]})
+                message, finish = tool_message(res, tools)
+                choices.append({"index": i, "message": message, "logprobs": lps, "finish_reason": finish})
             else:
                 choices.append({"index": i, "text": res["text"], "logprobs": lps,
                                 "finish_reason": res["finish_reason"]})
@@ -386,7 +388,8 @@ async def complete(svc: Service, request: Request, chat: bool):
                                type_="server_error" if first[1] >= 500 else "invalid_request_error")
     if req.stream:
         with_usage = bool(req.stream_options and req.stream_options.include_usage)
-        return StreamingResponse(sse(svc, jobs, firsts, chat, rid, with_usage), media_type="text/event-stream",
+        return StreamingResponse(sse(svc, jobs, firsts, chat, rid, with_usage, req.tools_mode() if chat else None),
+                                 media_type="text/event-stream",
                                  headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
 
     async def last_event(job: Job, event):
@@ -414,4 +417,4 @@ async def complete(svc: Service, request: Request, chat: bool):
     for event in events:
         if event[0] == "error":
             raise RequestError(event[1], event[2], type_="server_error")
-    return JSONResponse(svc.completion([event[1] for event in events], chat, rid))
+    return JSONResponse(svc.completion([event[1] for event in events], chat, rid, req.tools_mode() if chat else None))

@@ -3,6 +3,8 @@ OpenAI-style error body (HTTP 400), never an exception inside the server."""
 
 from __future__ import annotations
 
+import json
+
 from pydantic import BaseModel, ValidationError
 
 from drafttree.drafters import METHODS
@@ -77,6 +79,25 @@ def _content_text(content, i: int) -> str:
                "invalid_type")
 
 
+def _tool_calls(calls, i: int) -> list[dict]:
+    """An assistant message's earlier tool calls, arguments parsed (chat templates render them as objects)."""
+    where = f"messages[{i}].tool_calls"
+    if not isinstance(calls, list):
+        raise bad_request(f"{where} must be a list", where, "invalid_type")
+    out = []
+    for c in calls:
+        fn = c.get("function") if isinstance(c, dict) else None
+        if not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
+            raise bad_request(f"{where}: each call needs function.name and function.arguments", where, "invalid_value")
+        args = fn.get("arguments", "{}")
+        try:
+            args = json.loads(args) if isinstance(args, str) else args
+        except json.JSONDecodeError:
+            raise bad_request(f"{where}: function.arguments must be JSON text", where, "invalid_value") from None
+        out.append({"id": c.get("id"), "type": "function", "function": {"name": fn["name"], "arguments": args}})
+    return out
+
+
 def parse_messages(body: dict) -> list[dict]:
     msgs = body.get("messages")
     if msgs is None:
@@ -93,13 +114,18 @@ def parse_messages(body: dict) -> list[dict]:
         if role not in ROLES:
             raise bad_request(f"messages[{i}].role must be one of {', '.join(ROLES)}", f"messages[{i}].role",
                        "invalid_value")
-        if m.get("tool_calls") or m.get("function_call"):  # would be dropped from the prompt: say so instead
-            raise bad_request(f"messages[{i}]: tool calls are not supported by this server",
-                              f"messages[{i}].tool_calls", "invalid_value")
+        if m.get("function_call"):  # OpenAI's deprecated form: would be dropped from the prompt, say so instead
+            raise bad_request(f"messages[{i}].function_call is not supported: send tool_calls",
+                              f"messages[{i}].function_call", "invalid_value")
         content = m.get("content")
+        calls = _tool_calls(m.get("tool_calls"), i) if role == "assistant" and m.get("tool_calls") else None
         if content is None and role == "assistant":
-            content = ""
+            content = "" if calls is None else json.dumps([c["function"] for c in calls], ensure_ascii=False)
         msg = {"role": "system" if role == "developer" else role, "content": _content_text(content, i)}
+        if calls is not None:  # for templates that render calls (the text above for those that do not)
+            msg["tool_calls"] = calls
+        if role == "tool" and isinstance(m.get("tool_call_id"), str):
+            msg["tool_call_id"] = m["tool_call_id"]
         name = m.get("name")
         if name is not None:  # a participant's name goes to the chat template, as vLLM passes it (templates that
             if not isinstance(name, str) or not name:  # have no use for it ignore it)

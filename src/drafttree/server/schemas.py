@@ -20,7 +20,7 @@ MAX_STOPS = 16
 
 # OpenAI (and vLLM) fields that would change what is generated, with their no-op values: accepted at those (clients
 # send them by default), refused otherwise
-NO_OPS = {"tools": [], "tool_choice": "none", "best_of": 1}
+NO_OPS = {"best_of": 1}
 # vLLM's structured_outputs keys (and its older guided_* fields) -> the library's structured-output arguments
 STRUCTURED_KINDS = {"json": "json_schema", "regex": "regex", "choice": "choice", "grammar": "grammar"}
 STRUCTURED_FIELDS = ("response_format", "structured_outputs", "guided_json", "guided_regex", "guided_choice",
@@ -81,8 +81,10 @@ class GenerationParams(BaseModel):
     guided_regex: Any = Field(None, description="vLLM's older name for structured_outputs.regex")
     guided_choice: Any = Field(None, description="vLLM's older name for structured_outputs.choice")
     guided_grammar: Any = Field(None, description="vLLM's older name for structured_outputs.grammar")
-    tools: Any = None
-    tool_choice: Any = None
+    tools: Any = Field(None, description="OpenAI's function tools; with tool_choice 'required' or a named function the "
+                       "answer is tool_calls, decoded under a schema of the tools' parameters")
+    tool_choice: Any = Field(None, validate_default=True, description="'none', 'required' or {'type': 'function', "
+                             "'function': {'name': ...}} ('auto' needs a model-specific parser: refused)")
     best_of: Any = None
     min_p: float | None = Field(None, ge=0, le=1, description="vLLM's: drop tokens less likely than min_p times the "
                                 "likeliest")
@@ -166,6 +168,34 @@ class GenerationParams(BaseModel):
             raise ValueError(f"give one structured-output field, not {' and '.join(given)}")
         return self
 
+    @field_validator("tools", mode="before")
+    @classmethod
+    def _tools(cls, v):
+        from drafttree.server.tools import check_tools
+
+        return None if v is None or v == [] else check_tools(v)
+
+    @field_validator("tool_choice", mode="after")
+    @classmethod
+    def _tool_choice(cls, v, info):
+        from drafttree.server.tools import tool_mode
+
+        if "tools" in info.data:  # (tools that failed their own check are reported there)
+            tool_mode(info.data["tools"], v)  # ValueError: a 400 on tool_choice
+        return v
+
+    @model_validator(mode="after")
+    def _tools_or_structure(self):
+        if self.tools_mode() is not None and any(getattr(self, f) is not None for f in STRUCTURED_FIELDS):
+            raise ValueError("give tools (with tool_choice) or a structured output, not both")
+        return self
+
+    def tools_mode(self):
+        """The schema the request's tools put on the answer (server/tools.py), or None."""
+        from drafttree.server.tools import tool_mode
+
+        return tool_mode(self.tools, self.tool_choice)
+
     def structured(self) -> tuple[str | None, dict]:
         """(the request field, the library's structured-output arguments); (None, {}) when there is none."""
         for f in STRUCTURED_FIELDS:
@@ -205,7 +235,8 @@ class GenerationParams(BaseModel):
                 "presence_penalty": self.presence_penalty or 0.0, "frequency_penalty": self.frequency_penalty or 0.0,
                 "repetition_penalty": 1.0 if self.repetition_penalty is None else self.repetition_penalty,
                 "logit_bias": self.logit_bias or {}, "min_tokens": self.min_tokens or 0,
-                "json_schema": None, "regex": None, "choice": None, "grammar": None, **self.structured()[1]}
+                "json_schema": None, "regex": None, "choice": None, "grammar": None, **self.structured()[1],
+                **({"json_schema": mode.schema} if (mode := self.tools_mode()) is not None else {})}
 
     def logprob_count(self) -> int | None:
         """Alternatives per token to report with each token's log-probability; None: no logprobs."""
@@ -240,6 +271,13 @@ class CompletionRequest(GenerationParams):
 
     def logprob_count(self) -> int | None:
         return self.logprobs
+
+    @field_validator("tools", "tool_choice", mode="before")
+    @classmethod
+    def _no_tools(cls, v):
+        if v not in (None, [], "none"):
+            raise ValueError("tools are a chat completions feature (POST /v1/chat/completions)")
+        return None
 
     @field_validator("prompt", mode="before")
     @classmethod

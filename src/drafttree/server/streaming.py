@@ -8,6 +8,7 @@ import time
 
 from drafttree.server.requests import RequestError
 from drafttree.server.scheduler import Job
+from drafttree.server.tools import tool_message
 
 
 def usage(res: dict) -> dict:
@@ -38,11 +39,13 @@ async def merged(jobs: list[Job], firsts: list):
             p.cancel()
 
 
-async def sse(svc, jobs: list[Job], firsts: list, chat: bool, rid: str, with_usage: bool = False):
+async def sse(svc, jobs: list[Job], firsts: list, chat: bool, rid: str, with_usage: bool = False, tools=None):
     """Server-Sent Events: one chunk per target forward and choice (``n`` choices interleave, each chunk naming its
     index, as OpenAI streams them), then each choice's finish chunk (drafttree's stats) and [DONE]. With
     ``with_usage`` (``stream_options.include_usage``) every chunk has ``usage: null`` and one more chunk, with no
-    choices, carries the usage (the prompt counted once) before [DONE], as OpenAI streams it."""
+    choices, carries the usage (the prompt counted once) before [DONE], as OpenAI streams it. ``tools`` (a ToolMode):
+    the text is held back and a choice's tool calls come whole in one delta before its finish chunk."""
+
     created, started, results = int(time.time()), set(), []
     none = {"usage": None} if with_usage else {}
 
@@ -56,13 +59,22 @@ async def sse(svc, jobs: list[Job], firsts: list, chat: bool, rid: str, with_usa
                 _, text, accepted, step, entries = event
                 stats = {**none, "drafttree": {"step": step, "accepted": accepted}}
                 lps = None if entries is None else svc.logprobs(entries, chat)
-                yield data(svc.chunk(rid, chat, created, text, None, stats, first=i not in started, logprobs=lps,
-                                     index=i))
+                yield data(svc.chunk(rid, chat, created, None if tools is not None else text, None, stats,
+                                     first=i not in started, logprobs=lps, index=i))
                 started.add(i)
             elif event[0] == "done":
                 res = event[1]
                 results.append(res)
-                yield data(svc.chunk(rid, chat, created, None, res["finish_reason"],
+                finish = res["finish_reason"]
+                if tools is not None:
+                    message, finish = tool_message(res, tools)
+                    delta = ({"tool_calls": [{"index": k, **c} for k, c in enumerate(message["tool_calls"])]}
+                             if message.get("tool_calls") else {"content": message["content"]})
+                    chunk = svc.chunk(rid, chat, created, None, None, none, first=i not in started, index=i)
+                    chunk["choices"][0]["delta"].update(delta)
+                    yield data(chunk)
+                    started.add(i)
+                yield data(svc.chunk(rid, chat, created, None, finish,
                                      {**none, "drafttree": res["drafttree"]}, first=i not in started, index=i))
                 started.add(i)
             else:  # headers are sent: report in-band, then end the stream
