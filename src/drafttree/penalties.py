@@ -23,6 +23,7 @@ from dataclasses import dataclass
 import torch
 
 from drafttree.errors import DraftTreeError
+from drafttree.grammar import mask_logits
 from drafttree.tree import DraftTree
 
 MAX_BIAS = 100.0  # OpenAI's range for logit_bias values
@@ -132,8 +133,6 @@ def adjusted(sampling, logits: torch.Tensor, tree: DraftTree, context: list[int]
     if adjust is not None:
         z = adjust.apply(logits, tree.tokens, tree.ancestors, tree.depths, context, prompt_len, end_ids)
     if grammar is not None:
-        from drafttree.grammar import mask_logits
-
         grammar.sync(context[prompt_len:])
         bits = grammar.bitmasks(tree)
         if z is logits:
