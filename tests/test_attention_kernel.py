@@ -205,8 +205,8 @@ def test_prompt_attention_never_reads_the_future_and_rows_are_independent():
 @needs_prompt_kernel
 def test_a_prompt_prefilled_alone_or_packed_with_others_gets_the_same_bits():
     """bf16 prefill of the default model through the kernel: a prompt alone and the same prompt packed with others
-    (batching) give the same logits, and the kernel is what ran. (Prompts over 64 tokens: alone, a shorter one's
-    products take another path than packed, which changes bf16 bits with or without this kernel.)"""
+    (batching) give the same logits, and the kernel is what ran. (Shorter prompts:
+    test_a_short_prompt_gets_the_same_bits_alone_as_packed_in_bf16_when_asked.)"""
     from drafttree import attention
     from drafttree.batching import BatchTarget
     from drafttree.models import load_model
@@ -235,3 +235,30 @@ def test_a_prompt_prefilled_alone_or_packed_with_others_gets_the_same_bits():
             assert torch.equal(alone.logits, out.logits)
     finally:
         attention.kernel_for = orig
+
+
+def test_a_short_prompt_gets_the_same_bits_alone_as_packed_in_bf16_when_asked():
+    """A prompt of 64 tokens or fewer prefilled alone takes the small-GEMM kernel (one fused call per layer); packed
+    with others its rows take the many-row path, and bf16 logits differ (by up to 0.7 here): a server's greedy answer
+    can depend on what else it is serving. With ``batch_invariant`` (``serve --batch-invariant``,
+    $DRAFTTREE_BATCH_INVARIANT) a packed prefill gives short prompts' rows to the kernel (gemm.short_prompt_rows):
+    alone and packed agree bit for bit, and so do the tokens generated, in a batch and alone (decode.py)."""
+    import drafttree
+    from drafttree.batching import BatchTarget
+
+    sm = drafttree.load("smollm2-135m-instruct", dtype="bfloat16", device="cpu", show_progress=False)
+    model = sm.target.model
+    g = torch.Generator().manual_seed(3)
+    long = torch.randint(100, 40000, (200,), generator=g)
+    for n in (1, 2, 9, 40, 64, 65):
+        p = torch.randint(100, 40000, (n,), generator=g)
+        alone = BatchTarget(model, batch_invariant=True).add_many([p], [4])[0]
+        packed = BatchTarget(model, batch_invariant=True).add_many([long, p, long[:30]], [4, 4, 4])[1]
+        assert torch.equal(alone.logits, packed.logits), n
+    sm.batch_target().batch_invariant = True
+    prompts = ["Name a fruit.", "Summarise: " + "The river rose after three days of rain and the bridge closed. " * 12]
+    kw = dict(max_new_tokens=24, method="auto")
+    together = sm.generate(prompts, **kw)
+    for p, got in zip(prompts, together):
+        assert sm.generate([p], **kw)[0].tokens == got.tokens
+        assert sm.generate(p, **kw).tokens == got.tokens

@@ -16,20 +16,34 @@ between rounds.
 
 from __future__ import annotations
 
+import os
+
 import torch
 
 from drafttree.attention import PackedRows, PromptRows, RowRun, kernel_for, row_runs
 from drafttree.cache import GrowingCache, cache_arg
 from drafttree.errors import DraftTreeError
+from drafttree.kernels.gemm import MAX_ROWS, short_prompt_rows
 from drafttree.target import ForwardOutput, TargetModel, run_with_features
 from drafttree.tree import DraftTree
+
+
+def batch_invariant_default() -> bool:
+    """$DRAFTTREE_BATCH_INVARIANT (1/on/true/yes), for :class:`BatchTarget`'s ``batch_invariant``."""
+    return os.environ.get("DRAFTTREE_BATCH_INVARIANT", "").strip().lower() in ("1", "on", "true", "yes")
 
 
 class BatchTarget:
     """Prefill, batched tree forward, ragged commit and row removal over a shared cache."""
 
-    def __init__(self, model: torch.nn.Module, feature_layers: list[int] | None = None):
+    def __init__(self, model: torch.nn.Module, feature_layers: list[int] | None = None,
+                 batch_invariant: bool | None = None):
+        """``batch_invariant`` (default: $DRAFTTREE_BATCH_INVARIANT): a prompt packed with others gets the bits it
+        gets prefilled alone in bf16 too, so a request's greedy text never depends on what else is being served
+        (gemm.short_prompt_rows; it costs a packed prefill with short prompts ~8-10% here). Off, a prompt of up to 64
+        tokens may round differently packed than alone (logits by up to ~0.7) and, rarely, its greedy text differs."""
         self.single = TargetModel(model, feature_layers)  # prefills newcomers; holds config, LM head, masks
+        self.batch_invariant = batch_invariant_default() if batch_invariant is None else bool(batch_invariant)
         self.model = model
         self.feature_layers = self.single.feature_layers
         self.cache: GrowingCache | None = None
@@ -123,7 +137,9 @@ class BatchTarget:
         cache.join_rows(len(self.model.base_model.layers), first + len(ids), *need)
         cache.set_scatter(row[None], positions, max(lens))
         try:
-            with row_runs(None, None, PromptRows(starts, first)):
+            short = (torch.repeat_interleave(torch.tensor([n <= MAX_ROWS for n in lens]), torch.tensor(lens))
+                     if self.batch_invariant else None)
+            with row_runs(None, None, PromptRows(starts, first)), short_prompt_rows(short, sum(lens)):
                 out, aux = run_with_features(self.model, self.feature_layers, input_ids=torch.cat(ids)[None],
                                              attention_mask=None, position_ids=positions, use_cache=True,
                                              **{cache_arg(self.model.base_model): cache})

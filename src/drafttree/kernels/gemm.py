@@ -17,6 +17,7 @@ the vector backend of ``simd.h``.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import os
@@ -26,6 +27,7 @@ import sys
 import threading
 import time
 import weakref
+from collections.abc import Iterator
 from pathlib import Path
 
 import torch
@@ -57,6 +59,7 @@ class _Active(threading.local):
     depth = 0
     off = 0
     block = None
+    split = None  # (rows, short rows, other rows) of a packed prefill: see short_prompt_rows
 
 
 _active = _Active()
@@ -208,6 +211,42 @@ def kernel_status() -> str:
     """"on", or "off (reason)" — builds the kernel if that has not been tried yet."""
     small_gemm()
     return _status or "off"
+
+
+@contextlib.contextmanager
+def short_prompt_rows(short: torch.Tensor | None, total: int) -> Iterator[None]:
+    """Inside the block (a packed prefill of ``total`` rows), bf16 products give the rows ``short`` (those of prompts of
+    up to MAX_ROWS tokens) to the small-GEMM kernel and the others to the many-row path: each prompt then gets the bits
+    it gets prefilled alone (a short prompt's products take the kernel there, a long one's the many-row path; both are
+    row-invariant). Without it a short prompt's logits differed packed and alone (by up to 0.7 in bf16), and a server's
+    greedy answer could depend on what else it was serving."""
+    prev = _active.split
+    if short is None or not short.any():
+        _active.split = None
+    else:
+        _active.split = (total, short.nonzero().flatten(), (~short).nonzero().flatten())
+    try:
+        yield
+    finally:
+        _active.split = prev
+
+
+def _split_rows(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor | None:
+    """A packed prefill's product, short prompts' rows on the kernel (see short_prompt_rows); None: not one."""
+    total, short, other = _active.split
+    if (x.dim() < 2 or x.numel() != total * x.shape[-1] or w.dim() != 2 or not w.is_contiguous()
+            or x.shape[-1] != w.shape[1] or small_gemm() is None):
+        return None
+    x2 = x.reshape(total, -1)
+    out = x2.new_empty((total, w.shape[0]))
+    out.index_copy_(0, short, _kernel_chunks(x2.index_select(0, short), w, bias))
+    if other.numel():
+        split, _active.split = _active.split, None  # the other prompts' rows: the path they take alone (many rows)
+        try:
+            out.index_copy_(0, other, many_rows_linear(x2.index_select(0, other), w, bias))
+        finally:
+            _active.split = split
+    return out.view(*x.shape[:-1], w.shape[0])
 
 
 def _applies(x: torch.Tensor, w: torch.Tensor) -> bool:
@@ -409,6 +448,10 @@ def many_rows_linear(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None
             and not torch.is_grad_enabled() and (bias is None or bias.dtype is torch.bfloat16)):
         if amx_on() and _ext.amx_packable(w) and x.dim() >= 1 and x.shape[-1] == w.shape[1]:
             return _ext.linear(x, w, bias)  # AMX tiles take any row count (a prompt's products too)
+        if _active.split is not None:
+            out = _split_rows(x, w, bias)
+            if out is not None:
+                return out
         if (x.dim() >= 2 and w.dim() == 2 and w.is_contiguous() and x.shape[-1] == w.shape[1]
                 and x.numel() > MAX_ROWS * x.shape[-1] and w.numel() >= CHUNK_MIN_WEIGHT and chunked_bf16_products()):
             return _kernel_chunks(x, w, bias)
