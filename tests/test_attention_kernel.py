@@ -262,3 +262,18 @@ def test_a_short_prompt_gets_the_same_bits_alone_as_packed_in_bf16_when_asked():
     for p, got in zip(prompts, together):
         assert sm.generate([p], **kw)[0].tokens == got.tokens
         assert sm.generate(p, **kw).tokens == got.tokens
+
+
+def test_a_batch_of_many_rows_decodes_each_row_as_alone_in_bf16_when_asked():
+    """With ``batch_invariant``, rounds of more than 64 tokens (here 24 rows of 8-node trees) take the small-GEMM kernel 64
+    rows at a time, as each row's tree does alone: every row's greedy text is its text decoded alone, in bf16."""
+    import drafttree
+
+    sm = drafttree.load("smollm2-135m-instruct", dtype="bfloat16", device="cpu", show_progress=False)
+    sm.batch_target().batch_invariant = True
+    prompts = [f"Write one sentence about the number {i}." for i in range(24)]
+    kw = dict(max_new_tokens=16, method="eagle2", method_options={"total_tokens": 8})  # 24 rows x 8 nodes a round
+    together = sm.generate(prompts, **kw)
+    assert all(max(r.stats.tree_sizes) == 8 for r in together)
+    for p, got in zip(prompts, together):
+        assert sm.generate(p, **kw).tokens == got.tokens, p

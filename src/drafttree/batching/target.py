@@ -41,7 +41,8 @@ class BatchTarget:
         """``batch_invariant`` (default: $DRAFTTREE_BATCH_INVARIANT): a prompt packed with others gets the bits it
         gets prefilled alone in bf16 too, so a request's greedy text never depends on what else is being served
         (gemm.short_prompt_rows; it costs a packed prefill with short prompts ~8-10% here). Off, a prompt of up to 64
-        tokens may round differently packed than alone (logits by up to ~0.7) and, rarely, its greedy text differs."""
+        tokens may round differently packed than alone (logits by up to ~0.7) and, rarely, its greedy text differs; so
+        may a round of more than 64 tokens (on) its products go 64 rows at a time through the kernel as alone."""
         self.single = TargetModel(model, feature_layers)  # prefills newcomers; holds config, LM head, masks
         self.batch_invariant = batch_invariant_default() if batch_invariant is None else bool(batch_invariant)
         self.model = model
@@ -257,8 +258,12 @@ class BatchTarget:
             packed = PackedRows(self.rows, len(row), row, node, lens + torch.tensor(sizes, device=dev))
         else:
             runs, packed = self._runs(sizes), None
+        # batch invariance: a round of more than MAX_ROWS tokens takes the kernel too (64 rows at a time), as each
+        # row's tree does alone (the many-row path rounds otherwise)
+        every = (torch.repeat_interleave(torch.tensor([m <= MAX_ROWS for m in sizes]), torch.tensor(sizes))
+                 if self.batch_invariant else None)
         try:
-            with row_runs(runs, packed):
+            with row_runs(runs, packed), short_prompt_rows(every, len(row)):
                 out, aux = run_with_features(self.model, self.feature_layers, input_ids=tokens, attention_mask=mask,
                                              position_ids=positions[row, node][None], use_cache=True,
                                              **{cache_arg(self.model.base_model): self.cache})
@@ -266,7 +271,8 @@ class BatchTarget:
             self.cache.set_scatter(None)
         hidden = out.last_hidden_state[0]
         feats = hidden if aux is None else aux[0]
-        self.last_logits = logits = self.single.logits(hidden)
+        with short_prompt_rows(every, len(row)):
+            self.last_logits = logits = self.single.logits(hidden)
         return [ForwardOutput(logits=lg, features=f) for lg, f in zip(logits.split(sizes), feats.split(sizes))]
 
     @torch.inference_mode()

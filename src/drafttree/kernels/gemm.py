@@ -215,11 +215,11 @@ def kernel_status() -> str:
 
 @contextlib.contextmanager
 def short_prompt_rows(short: torch.Tensor | None, total: int) -> Iterator[None]:
-    """Inside the block (a packed prefill of ``total`` rows), bf16 products give the rows ``short`` (those of prompts of
-    up to MAX_ROWS tokens) to the small-GEMM kernel and the others to the many-row path: each prompt then gets the bits
-    it gets prefilled alone (a short prompt's products take the kernel there, a long one's the many-row path; both are
-    row-invariant). Without it a short prompt's logits differed packed and alone (by up to 0.7 in bf16), and a server's
-    greedy answer could depend on what else it was serving."""
+    """Inside the block (a packed forward of ``total`` rows), bf16 products give the rows ``short`` (a prefill's prompts
+    of up to MAX_ROWS tokens; every row of a batch's round) to the small-GEMM kernel and the others to the many-row
+    path: each prompt and tree then gets the bits it gets alone (up to MAX_ROWS rows take the kernel there, more the
+    many-row path; both are row-invariant). Without it a short prompt's logits differed packed and alone (by up to 0.7
+    in bf16), and a server's greedy answer could depend on what else it was serving."""
     prev = _active.split
     if short is None or not short.any():
         _active.split = None
