@@ -265,8 +265,9 @@ def test_a_short_prompt_gets_the_same_bits_alone_as_packed_in_bf16_when_asked():
 
 
 def test_a_batch_of_many_rows_decodes_each_row_as_alone_in_bf16_when_asked():
-    """With ``batch_invariant``, rounds of more than 64 tokens (here 24 rows of 8-node trees) take the small-GEMM kernel 64
-    rows at a time, as each row's tree does alone: every row's greedy text is its text decoded alone, in bf16."""
+    """With ``batch_invariant``, rounds of more than 64 tokens (here 24 rows of 8-node trees) take the small-GEMM
+    kernel 64 rows at a time, as each row's tree does alone: every row's greedy text is its text decoded alone, in
+    bf16."""
     import drafttree
 
     sm = drafttree.load("smollm2-135m-instruct", dtype="bfloat16", device="cpu", show_progress=False)

@@ -5,7 +5,6 @@ llguidance's masks as its matcher gives them, and bad constraints as one-line er
 
 from __future__ import annotations
 
-import itertools
 import json
 
 import numpy as np
@@ -16,7 +15,6 @@ from drafttree import DraftTreeError, SpeculativeModel
 from drafttree.accept import Sampling
 from drafttree.grammar import Grammar, GrammarState, unpack, words
 from drafttree.tree import DraftTree
-from tests.conftest import chi2_pvalue, reference_warp, tiny_causal_lm
 
 VOCAB, PROMPT, ENDS = 12, [3, 5, 7, 2], {4}
 
@@ -115,41 +113,19 @@ def test_every_node_is_masked_for_its_own_path():
     assert state.out == out  # the walk put the state back
 
 
-def _exact(model, s: Sampling) -> tuple[np.ndarray, np.ndarray]:
-    """The constrained target's joint law of the first two tokens and the law of the third, from the tests' code."""
-    def dist(out: list[int]) -> np.ndarray:
+def _pvalues(s: Sampling, n: int = 2000):
+    """The constrained target's laws of the first three tokens (test_sampling.tree_pvalues), the toy grammar's mask
+    written plainly (toy_allowed)."""
+    from tests.test_sampling import tree_pvalues
+
+    def next_logits(model, out: list[int]) -> np.ndarray:
         with torch.no_grad():
             logits = model(torch.tensor([PROMPT + out])).logits[0, -1].double().numpy()
         z = np.full(VOCAB, -np.inf)
         ok = toy_allowed(out)
         z[ok] = logits[ok]
-        return reference_warp(z[None], s)[0]
-    p1 = dist([])
-    joint = np.zeros((VOCAB, VOCAB))
-    third = np.zeros(VOCAB)
-    for a, b in itertools.product(range(VOCAB), range(VOCAB)):
-        if p1[a] == 0:
-            continue
-        pab = p1[a] * dist([a])[b]
-        joint[a, b] = pab
-        if pab > 0 and b not in ENDS:
-            third += pab * dist([a, b])
-    return joint.reshape(-1), third
-
-
-def _pvalues(s: Sampling, n: int = 2000):
-    from drafttree.drafters.draft_model import DraftModelDrafter
-    from drafttree.target import TargetModel
-    from tests.test_sampling import count_first_three
-
-    target = tiny_causal_lm("llama", vocab=VOCAB, hidden=32, seed=0)
-    draft = tiny_causal_lm("llama", vocab=VOCAB, hidden=32, seed=7)  # knows nothing of the grammar
-    drafter = DraftModelDrafter(draft, VOCAB, k=3, tree=True, top_k=3, total_tokens=8)  # depth-3 trees, siblings
-    c12, c3, rate = count_first_three(TargetModel(target), drafter, PROMPT, s, n, VOCAB, seed=5, max_new_tokens=4,
-                                      eos_ids=ENDS)
-    assert 0.02 < rate < 0.98, f"drafts should be accepted sometimes (rate {rate:.2f})"
-    joint, third = _exact(target, s)
-    return chi2_pvalue(c12, joint), chi2_pvalue(c3, third / third.sum())
+        return z
+    return tree_pvalues(s, next_logits, PROMPT, ENDS, n, seed=5)
 
 
 @pytest.mark.parametrize("s", [Sampling(1.0, grammar=Toy()), Sampling(0.7, top_k=5, grammar=Toy())],

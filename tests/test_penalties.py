@@ -6,7 +6,6 @@ fail)."""
 from __future__ import annotations
 
 import collections
-import itertools
 
 import numpy as np
 import pytest
@@ -16,7 +15,6 @@ from drafttree import DraftTreeError, SpeculativeModel
 from drafttree.accept import Sampling
 from drafttree.penalties import LogitAdjust
 from drafttree.tree import DraftTree
-from tests.conftest import chi2_pvalue, reference_warp, tiny_causal_lm
 
 
 def naive_adjust(logits: np.ndarray, prompt: list[int], out: list[int], a: LogitAdjust, ends) -> np.ndarray:
@@ -118,39 +116,16 @@ ADJ = LogitAdjust(presence_penalty=0.9, frequency_penalty=0.6, repetition_penalt
                   min_tokens=2)
 
 
-def _exact(model, s: Sampling) -> tuple[np.ndarray, np.ndarray]:
-    """The adjusted target's joint law of the first two tokens and the law of the third, from the tests' own code."""
-    def dist(out: list[int]) -> np.ndarray:
+def _pvalues(s: Sampling, n: int = 2000):
+    """The adjusted target's laws of the first three tokens (test_sampling.tree_pvalues), the adjustment from the
+    definitions written here."""
+    from tests.test_sampling import tree_pvalues
+
+    def next_logits(model, out: list[int]) -> np.ndarray:
         with torch.no_grad():
             logits = model(torch.tensor([PROMPT + out])).logits[0, -1].double().numpy()
-        return reference_warp(naive_adjust(logits, PROMPT, out, ADJ, ENDS)[None], s)[0]
-    p1 = dist([])
-    joint = np.zeros((VOCAB, VOCAB))
-    third = np.zeros(VOCAB)
-    for a, b in itertools.product(range(VOCAB), range(VOCAB)):
-        if p1[a] == 0:
-            continue
-        pab = p1[a] * dist([a])[b]
-        joint[a, b] = pab
-        if pab > 0:
-            third += pab * dist([a, b])
-    return joint.reshape(-1), third
-
-
-def _pvalues(s: Sampling, n: int = 2000):
-    from drafttree.drafters.draft_model import DraftModelDrafter
-    from drafttree.target import TargetModel
-    from tests.test_sampling import count_first_three
-
-    target = tiny_causal_lm("llama", vocab=VOCAB, hidden=32, seed=0)
-    draft = tiny_causal_lm("llama", vocab=VOCAB, hidden=32, seed=7)
-    drafter = DraftModelDrafter(draft, VOCAB, k=3, tree=True, top_k=3, total_tokens=8)  # depth-3 trees, siblings
-    c12, c3, rate = count_first_three(TargetModel(target), drafter, PROMPT, s, n, VOCAB, seed=11, max_new_tokens=4,
-                                      eos_ids=ENDS)
-    assert 0.02 < rate < 0.98, f"drafts should be accepted sometimes (rate {rate:.2f})"
-    joint, third = _exact(target, s)
-    # the third token exists unless the second ended the generation (an end token, allowed from the third on)
-    return chi2_pvalue(c12, joint), chi2_pvalue(c3, third / third.sum())
+        return naive_adjust(logits, PROMPT, out, ADJ, ENDS)
+    return tree_pvalues(s, next_logits, PROMPT, ENDS, n, seed=11)
 
 
 @pytest.mark.parametrize("s", [Sampling(1.0, adjust=ADJ), Sampling(0.8, min_p=0.1, adjust=ADJ)],

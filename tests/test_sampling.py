@@ -278,6 +278,35 @@ def count_first_three(tm, drafter, prompt: list[int], s: Sampling, n: int, vocab
     return c12, c3, accepted / max(1, drafted)
 
 
+def tree_pvalues(s: Sampling, next_logits, prompt: list[int], ends, n: int = 2000, seed: int = 11,
+                 vocab: int = 12) -> tuple[float, float]:
+    """Chi-square p-values of the first two tokens' joint law and of the third's, decoding a tiny target with depth-3
+    trees with siblings from an unrelated tiny draft LM, against the laws computed here: ``next_logits(model, out)``
+    gives the float64 logits (adjusted as the test defines, -inf where forbidden) of the token after ``out``."""
+    from drafttree.drafters.draft_model import DraftModelDrafter
+    from drafttree.target import TargetModel
+
+    target = tiny_causal_lm("llama", vocab=vocab, hidden=32, seed=0)
+    draft = tiny_causal_lm("llama", vocab=vocab, hidden=32, seed=7)  # an unrelated draft: disagrees often
+    drafter = DraftModelDrafter(draft, vocab, k=3, tree=True, top_k=3, total_tokens=8)  # depth-3 trees, siblings
+    c12, c3, rate = count_first_three(TargetModel(target), drafter, prompt, s, n, vocab, seed=seed, max_new_tokens=4,
+                                      eos_ids=ends)
+    assert 0.02 < rate < 0.98, f"drafts should be accepted sometimes (rate {rate:.2f})"
+
+    def dist(out: list[int]) -> np.ndarray:
+        return reference_warp(next_logits(target, out)[None], s)[0]
+    p1 = dist([])
+    joint, third = np.zeros((vocab, vocab)), np.zeros(vocab)
+    for a, b in itertools.product(range(vocab), range(vocab)):
+        if p1[a] == 0:
+            continue
+        pab = p1[a] * dist([a])[b]
+        joint[a, b] = pab
+        if pab > 0:
+            third += pab * dist([a, b])
+    return chi2_pvalue(c12, joint.reshape(-1)), chi2_pvalue(c3, third / third.sum())
+
+
 @pytest.mark.parametrize("method,opts,s", [
     ("eagle2", {"depth": 3, "top_k": 3, "total_tokens": 8}, Sampling(1.0)),
     ("eagle2", {"depth": 2, "top_k": 5, "total_tokens": 10}, Sampling(0.7, top_p=0.9)),
