@@ -59,7 +59,7 @@ class _Active(threading.local):
     depth = 0
     off = 0
     block = None
-    split = None  # (rows, short rows, other rows) of a packed prefill: see short_prompt_rows
+    split = None  # (rows, rows for the kernel, other rows) of a packed forward: see short_prompt_rows
 
 
 _active = _Active()
@@ -232,12 +232,15 @@ def short_prompt_rows(short: torch.Tensor | None, total: int) -> Iterator[None]:
 
 
 def _split_rows(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor | None:
-    """A packed prefill's product, short prompts' rows on the kernel (see short_prompt_rows); None: not one."""
+    """A packed forward's product, the rows short_prompt_rows names on the kernel, the others on the many-row path;
+    None: not such a product."""
     total, short, other = _active.split
     if (x.dim() < 2 or x.numel() != total * x.shape[-1] or w.dim() != 2 or not w.is_contiguous()
             or x.shape[-1] != w.shape[1] or small_gemm() is None):
         return None
     x2 = x.reshape(total, -1)
+    if not other.numel():  # every row on the kernel (a round of small trees): no rows to gather
+        return _kernel_chunks(x, w, bias)
     out = x2.new_empty((total, w.shape[0]))
     out.index_copy_(0, short, _kernel_chunks(x2.index_select(0, short), w, bias))
     if other.numel():
