@@ -45,7 +45,6 @@ async def sse(svc, jobs: list[Job], firsts: list, chat: bool, rid: str, with_usa
     ``with_usage`` (``stream_options.include_usage``) every chunk has ``usage: null`` and one more chunk, with no
     choices, carries the usage (the prompt counted once) before [DONE], as OpenAI streams it. ``tools`` (a ToolMode):
     the text is held back and a choice's tool calls come whole in one delta before its finish chunk."""
-
     created, started, results = int(time.time()), set(), []
     none = {"usage": None} if with_usage else {}
 

@@ -27,9 +27,9 @@ class ToolMode:
         """OpenAI's ``tool_calls`` from a finished answer; None where the text does not parse (cut short)."""
         try:
             value = json.loads(text)
-        except json.JSONDecodeError:
+            pairs = [(self.name, value)] if self.name is not None else [(c["name"], c["parameters"]) for c in value]
+        except (json.JSONDecodeError, KeyError, TypeError):  # cut short (the grammar admits nothing else)
             return None
-        pairs = [(self.name, value)] if self.name is not None else [(c["name"], c["parameters"]) for c in value]
         return [{"id": "call_" + uuid.uuid4().hex[:24], "type": "function",
                  "function": {"name": name, "arguments": json.dumps(args, ensure_ascii=False)}}
                 for name, args in pairs]
