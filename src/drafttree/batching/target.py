@@ -41,7 +41,7 @@ class BatchTarget:
         """``batch_invariant`` (default: $DRAFTTREE_BATCH_INVARIANT): in bf16 too, a prompt packed with others and a
         tree in a round of more than 64 tokens get the bits they get alone, so a request's greedy text never depends
         on what else is being served (gemm.short_prompt_rows: their products go through the small-GEMM kernel 64 rows
-        at a time, as alone; ~11% of a 16-user burst here). Off, such rows take the many-row path, whose bf16 rounding
+        at a time, as alone; 5-11% of a 16-user burst here). Off, such rows take the many-row path, whose bf16 rounding
         differs (a short prompt's logits by up to ~0.7) and, now and then, so does a greedy text."""
         self.single = TargetModel(model, feature_layers)  # prefills newcomers; holds config, LM head, masks
         self.batch_invariant = batch_invariant_default() if batch_invariant is None else bool(batch_invariant)
