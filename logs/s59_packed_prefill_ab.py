@@ -1,5 +1,5 @@
 """Diagnostic (stop 59): a packed prefill of the first N interleaved benchmark prompts (the concurrency bench's), short
-prompts' rows on the small-GEMM kernel (gemm.short_prompt_rows, this stop) against every row on the many-row path (as
+prompts' rows on the small-GEMM kernel (gemm.kernel_rows, this stop) against every row on the many-row path (as
 before), alternated in one process, best of REPS. Usage: python logs/s59_packed_prefill_ab.py [N] [REPS]"""
 import sys
 import time

@@ -241,7 +241,7 @@ def test_a_short_prompt_gets_the_same_bits_alone_as_packed_in_bf16_when_asked():
     """A prompt of 64 tokens or fewer prefilled alone takes the small-GEMM kernel (one fused call per layer); packed
     with others its rows take the many-row path, and bf16 logits differ (by up to 0.7 here): a server's greedy answer
     can depend on what else it is serving. With ``batch_invariant`` (``serve --batch-invariant``,
-    $DRAFTTREE_BATCH_INVARIANT) a packed prefill gives short prompts' rows to the kernel (gemm.short_prompt_rows):
+    $DRAFTTREE_BATCH_INVARIANT) a packed prefill gives short prompts' rows to the kernel (gemm.kernel_rows):
     alone and packed agree bit for bit, and so do the tokens generated, in a batch and alone (decode.py)."""
     import drafttree
     from drafttree.batching import BatchTarget

@@ -158,8 +158,6 @@ def mask_logits(z: torch.Tensor, bits: np.ndarray) -> torch.Tensor:
 class Grammar:
     """A compiled constraint, shared by every generation that uses it; :meth:`start` gives one generation's state."""
 
-    kind: str = "grammar"
-
     def start(self) -> GrammarState:
         raise NotImplementedError
 
@@ -169,8 +167,8 @@ class Grammar:
 class Guidance(Grammar):
     """A grammar in llguidance's form, for one tokenizer."""
 
-    def __init__(self, tokenizer, text: str, kind: str, vocab: int, end_ids: tuple[int, ...]):
-        self.tokenizer, self.text, self.kind, self.vocab, self.end_ids = tokenizer, text, kind, vocab, end_ids
+    def __init__(self, tokenizer, text: str, vocab: int, end_ids: tuple[int, ...]):
+        self.tokenizer, self.text, self.vocab, self.end_ids = tokenizer, text, vocab, end_ids
 
     def start(self) -> GuidanceState:
         return GuidanceState(self)
@@ -275,4 +273,4 @@ def compile_grammar(hf_tokenizer, vocab: int, end_ids, **given) -> Grammar | Non
     error = llguidance.LLMatcher.validate_grammar(text, tok)
     if error and not error.startswith("WARNING"):
         raise DraftTreeError(f"{kind}: {error.strip().splitlines()[0]}")
-    return Guidance(tok, text, kind, vocab, ends)
+    return Guidance(tok, text, vocab, ends)

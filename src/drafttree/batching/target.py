@@ -23,7 +23,7 @@ import torch
 from drafttree.attention import PackedRows, PromptRows, RowRun, kernel_for, row_runs
 from drafttree.cache import GrowingCache, cache_arg
 from drafttree.errors import DraftTreeError
-from drafttree.kernels.gemm import MAX_ROWS, short_prompt_rows
+from drafttree.kernels.gemm import MAX_ROWS, kernel_rows
 from drafttree.target import ForwardOutput, TargetModel, run_with_features
 from drafttree.tree import DraftTree
 
@@ -40,7 +40,7 @@ class BatchTarget:
                  batch_invariant: bool | None = None):
         """``batch_invariant`` (default: $DRAFTTREE_BATCH_INVARIANT): in bf16 too, a prompt packed with others and a
         tree in a round of more than 64 tokens get the bits they get alone, so a request's greedy text never depends
-        on what else is being served (gemm.short_prompt_rows: their products go through the small-GEMM kernel 64 rows
+        on what else is being served (gemm.kernel_rows: their products go through the small-GEMM kernel 64 rows
         at a time, as alone; 5-11% of a 16-user burst here). Off, such rows take the many-row path, whose bf16 rounding
         differs (a short prompt's logits by up to ~0.7) and, now and then, so does a greedy text."""
         self.single = TargetModel(model, feature_layers)  # prefills newcomers; holds config, LM head, masks
@@ -140,7 +140,7 @@ class BatchTarget:
         try:
             short = (torch.repeat_interleave(torch.tensor([n <= MAX_ROWS for n in lens]), torch.tensor(lens))
                      if self.batch_invariant else None)
-            with row_runs(None, None, PromptRows(starts, first)), short_prompt_rows(short, sum(lens)):
+            with row_runs(None, None, PromptRows(starts, first)), kernel_rows(short, sum(lens)):
                 out, aux = run_with_features(self.model, self.feature_layers, input_ids=torch.cat(ids)[None],
                                              attention_mask=None, position_ids=positions, use_cache=True,
                                              **{cache_arg(self.model.base_model): cache})
@@ -263,7 +263,7 @@ class BatchTarget:
         every = (torch.repeat_interleave(torch.tensor([m <= MAX_ROWS for m in sizes]), torch.tensor(sizes))
                  if self.batch_invariant else None)
         try:
-            with row_runs(runs, packed), short_prompt_rows(every, len(row)):
+            with row_runs(runs, packed), kernel_rows(every, len(row)):
                 out, aux = run_with_features(self.model, self.feature_layers, input_ids=tokens, attention_mask=mask,
                                              position_ids=positions[row, node][None], use_cache=True,
                                              **{cache_arg(self.model.base_model): self.cache})
@@ -271,7 +271,7 @@ class BatchTarget:
             self.cache.set_scatter(None)
         hidden = out.last_hidden_state[0]
         feats = hidden if aux is None else aux[0]
-        with short_prompt_rows(every, len(row)):
+        with kernel_rows(every, len(row)):
             self.last_logits = logits = self.single.logits(hidden)
         return [ForwardOutput(logits=lg, features=f) for lg, f in zip(logits.split(sizes), feats.split(sizes))]
 

@@ -59,7 +59,7 @@ class _Active(threading.local):
     depth = 0
     off = 0
     block = None
-    split = None  # (rows, rows for the kernel, other rows) of a packed forward: see short_prompt_rows
+    split = None  # (rows, rows for the kernel, other rows) of a packed forward: see kernel_rows
 
 
 _active = _Active()
@@ -214,7 +214,7 @@ def kernel_status() -> str:
 
 
 @contextlib.contextmanager
-def short_prompt_rows(short: torch.Tensor | None, total: int) -> Iterator[None]:
+def kernel_rows(short: torch.Tensor | None, total: int) -> Iterator[None]:
     """Inside the block (a packed forward of ``total`` rows), bf16 products give the rows ``short`` (a prefill's prompts
     of up to MAX_ROWS tokens; every row of a batch's round) to the small-GEMM kernel and the others to the many-row
     path: each prompt and tree then gets the bits it gets alone (up to MAX_ROWS rows take the kernel there, more the
@@ -232,7 +232,7 @@ def short_prompt_rows(short: torch.Tensor | None, total: int) -> Iterator[None]:
 
 
 def _split_rows(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor | None:
-    """A packed forward's product, the rows short_prompt_rows names on the kernel, the others on the many-row path;
+    """A packed forward's product, the rows kernel_rows names on the kernel, the others on the many-row path;
     None: not such a product."""
     total, short, other = _active.split
     if (x.dim() < 2 or x.numel() != total * x.shape[-1] or w.dim() != 2 or not w.is_contiguous()
