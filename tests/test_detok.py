@@ -30,22 +30,27 @@ def _token_streams(tok, rng):
         yield [rng.randrange(vocab) for _ in range(60)]
 
 
-@pytest.mark.parametrize("clean", [False, True])
-def test_the_text_is_the_full_decode_at_every_step(default_fp32, clean):
+@pytest.mark.parametrize("clean,skip", [(False, True), (True, True), (False, False)])
+def test_the_text_is_the_full_decode_at_every_step(default_fp32, clean, skip):
+    """... with special tokens' text dropped (the default) or kept (skip_special_tokens false, e.g. for a tool-call
+    parser), among them the chat template's own tokens."""
     tok = default_fp32.tokenizer
     dec = Cleaning(tok) if clean else tok
     rng = random.Random(1)
-    for ids in _token_streams(tok, rng):
+    special = tok.convert_tokens_to_ids(["<|im_start|>", "<|im_end|>"])
+    streams = list(_token_streams(tok, rng)) + [special[:1] + tok("assistant\nHi")["input_ids"] + special[1:]]
+    for ids in streams:
         for _trial in range(3):
-            asm, shown, i = TextAssembler(dec, []), "", 0
+            asm, shown, i = TextAssembler(dec, [], skip_special=skip), "", 0
             while i < len(ids):
                 step = ids[i:i + rng.randint(1, 4)]
                 i += len(step)
                 shown += asm.feed(step, final=i >= len(ids))
-                full = dec.decode(ids[:i], skip_special_tokens=True)
+                full = dec.decode(ids[:i], skip_special_tokens=skip)
                 assert asm._decode_all() == full
                 assert full.startswith(shown)
-            assert shown + asm.finish() == asm.text == dec.decode(ids, skip_special_tokens=True)
+            assert shown + asm.finish() == asm.text == dec.decode(ids, skip_special_tokens=skip)
+    assert "<|im_end|>" in dec.decode(streams[-1], skip_special_tokens=skip) or skip
 
 
 def test_each_step_decodes_a_window_not_everything(default_fp32):

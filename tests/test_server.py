@@ -362,6 +362,51 @@ def test_tool_calls_for_a_named_function_or_required(server, sm, choice):
     assert status == 200 and out["choices"][0]["message"]["content"]
 
 
+CALL_TEXT = ('Let me check.<tool_call>{"name": "get_weather", "arguments": {"city": "Oslo", "unit": "celsius"}}'
+             '</tool_call>')
+
+
+def streamed_message(server, body) -> tuple[str, list[dict], str]:
+    """(content deltas joined, tool-call deltas, finish reason) of a streamed chat request."""
+    status, _, data = request(server, "POST", "/v1/chat/completions", {**body, "stream": True})
+    assert status == 200
+    events = [json.loads(e) for e in sse_events(data)[:-1]]
+    deltas = [e["choices"][0]["delta"] for e in events if e["choices"]]
+    return ("".join(d.get("content") or "" for d in deltas), [c for d in deltas for c in d.get("tool_calls", [])],
+            events[-1]["choices"][0]["finish_reason"])
+
+
+def test_tool_choice_auto_reads_the_models_calls(server, monkeypatch):
+    """With a tool-call parser (serve --tool-call-parser hermes) tool_choice "auto", the default with tools, returns the
+    model's own <tool_call> blocks as tool_calls and its text before them as content; streamed, the text goes out and
+    no piece of the call does. The model's answer is made a call by a choice of one string (guided_choice), so the
+    test reads the server, not what this small model would choose. A call of a tool not given stays text; so does an
+    answer with no call."""
+    monkeypatch.setattr(server.server.config.app.state.service, "tool_parser", "hermes")
+    body = {"messages": ASK_WEATHER, "tools": [WEATHER, TIME], "guided_choice": [CALL_TEXT], "max_tokens": 80,
+            "temperature": 0}
+    for extra in ({}, {"tool_choice": "auto"}):
+        status, out = post(server, "/v1/chat/completions", {**body, **extra})
+        assert status == 200, out
+        ch = out["choices"][0]
+        assert ch["finish_reason"] == "tool_calls" and ch["message"]["content"] == "Let me check."
+        (call,) = ch["message"]["tool_calls"]
+        assert call["function"]["name"] == "get_weather" and call["id"].startswith("call_")
+        assert json.loads(call["function"]["arguments"]) == {"city": "Oslo", "unit": "celsius"}
+    content, calls, finish = streamed_message(server, body)
+    assert content == "Let me check." and finish == "tool_calls"
+    assert [(c["index"], c["function"]["name"]) for c in calls] == [(0, "get_weather")]
+    other = CALL_TEXT.replace("get_weather", "get_news")
+    status, out = post(server, "/v1/chat/completions", {**body, "guided_choice": [other]})
+    assert out["choices"][0]["message"] == {"role": "assistant", "content": other}
+    assert out["choices"][0]["finish_reason"] == "stop"
+    assert streamed_message(server, {**body, "guided_choice": [other]}) == (other, [], "stop")
+    plain = {"messages": ASK_WEATHER, "tools": [WEATHER], "max_tokens": 10, "temperature": 0}
+    status, out = post(server, "/v1/chat/completions", plain)
+    assert status == 200 and "tool_calls" not in out["choices"][0]["message"]
+    assert streamed_message(server, plain) == (out["choices"][0]["message"]["content"], [], "length")
+
+
 @pytest.mark.parametrize("fields,library", [
     ({"response_format": {"type": "json_schema", "json_schema": {"name": "person", "schema": SCHEMA, "strict": True}}},
      {"json_schema": SCHEMA}),

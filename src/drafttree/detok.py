@@ -19,12 +19,14 @@ def min_tokens_of(sampling) -> int:
 
 class TextAssembler:
     def __init__(self, tokenizer, stops: list[str], include_stop: bool = False, min_tokens: int = 0,
-                 end_ids: frozenset[int] = frozenset()):
+                 end_ids: frozenset[int] = frozenset(), skip_special: bool = True):
         """As vLLM: ``include_stop`` (include_stop_str_in_output): the text ends after the stop string found, not
         before it, and keeps the text of the end token that ended the generation (``end_ids``: end-of-sequence and
         stop_token_ids; dropped otherwise, the token still counted); stop strings count only once more than
-        ``min_tokens`` tokens are out."""
+        ``min_tokens`` tokens are out; ``skip_special`` (skip_special_tokens): special tokens have no text (False:
+        they do, as a tool-call parser reading Qwen's ``<tool_call>`` tokens needs)."""
         self.tokenizer, self.stops, self.include_stop = tokenizer, stops, include_stop
+        self.skip_special = skip_special
         self.min_tokens, self.end_ids = min_tokens, end_ids
         self.tokens: list[int] = []
         self.emitted = ""
@@ -36,16 +38,19 @@ class TextAssembler:
         self._known = self._head = ""
         self._ends: PrefixEnds | None = None  # where each token's text ends (releasable, with stop strings)
 
+    def _decode(self, tokens: list[int]) -> str:
+        return self.tokenizer.decode(tokens, skip_special_tokens=self.skip_special)
+
     CONTEXT = 4  # tokens before the seam the window starts with (their text gives the next ones' spacing)
 
     def _decode_all(self) -> str:
         """The text of every token so far (the full decode), from the window where it is exact."""
-        decode, toks = self.tokenizer.decode, self.tokens
-        window = decode(toks[self._start:], skip_special_tokens=True)
+        decode, toks = self._decode, self.tokens
+        window = decode(toks[self._start:])
         if window.startswith(self._head):
             text = self._known + window[len(self._head):]
         else:  # the seam changed the text before it: decode everything
-            text = decode(toks, skip_special_tokens=True)
+            text = decode(toks)
         if not text.endswith("\ufffd"):  # a whole character: the seam moves to the end
             self._seam, self._known = len(toks), text
             self._start, self._head = 0, text  # no window, unless one spells its tokens as the full text does
@@ -53,7 +58,7 @@ class TextAssembler:
                 start = len(toks) - back  # does not: a multi-byte character's tokens, an emoji's)
                 if start <= 0:
                     break
-                head = decode(toks[start:], skip_special_tokens=True)
+                head = decode(toks[start:])
                 if text.endswith(head) and not head.startswith("\ufffd"):
                     self._start, self._head = start, head
                     break
@@ -64,7 +69,7 @@ class TextAssembler:
         self.tokens.extend(new)
         text = self._decode_all()
         if final and not self.include_stop and self.tokens and self.tokens[-1] in self.end_ids:
-            self.text_end = min(len(text), len(self.tokenizer.decode(self.tokens[:-1], skip_special_tokens=True)))
+            self.text_end = min(len(text), len(self._decode(self.tokens[:-1])))
             text = text[: self.text_end]
         if self.stops and len(self.tokens) > self.min_tokens:
             hits = [(text.find(s, max(0, len(self.emitted) - self.hold)), -len(s)) for s in self.stops]
@@ -94,7 +99,7 @@ class TextAssembler:
         if self.stopped_at is None:
             return n
         # where token n-1 begins: the text before it, less half a character it completes (U+FFFD until then)
-        while n > 0 and len(self.tokenizer.decode(self.tokens[: n - 1], skip_special_tokens=True).rstrip("\ufffd")
+        while n > 0 and len(self._decode(self.tokens[: n - 1]).rstrip("\ufffd")
                             ) >= self.stopped_at:
             n -= 1
         return n
@@ -108,7 +113,7 @@ class TextAssembler:
         if self.stopped_at is not None:
             return self.kept()
         if self._ends is None:
-            self._ends = PrefixEnds(self.tokenizer)
+            self._ends = PrefixEnds(self.tokenizer, self.skip_special)
         ends, shown = self._ends.update(self.tokens), len(self.emitted)
         n = len(self.tokens)
         while n > 0 and ends[n - 1] > shown:
@@ -117,7 +122,7 @@ class TextAssembler:
 
     @property
     def text(self) -> str:
-        text = self.tokenizer.decode(self.tokens, skip_special_tokens=True)
+        text = self._decode(self.tokens)
         if self.stopped_at is not None:
             return text[: self.stopped_at]
         return text if self.text_end is None else text[: self.text_end]
@@ -128,8 +133,8 @@ class PrefixEnds:
     of the last tokens (a :class:`TextAssembler` fed one token at a time) instead of a decode of the whole prefix
     (a log-probability request's text offsets: quadratic in the answer's length otherwise)."""
 
-    def __init__(self, tokenizer):
-        self._text = TextAssembler(tokenizer, [])
+    def __init__(self, tokenizer, skip_special: bool = True):
+        self._text = TextAssembler(tokenizer, [], skip_special=skip_special)
         self.ends: list[int] = []
 
     def update(self, tokens: list[int]) -> list[int]:

@@ -35,7 +35,7 @@ from drafttree.server.requests import MAX_BODY_BYTES, RequestError, bad_request,
 from drafttree.server.scheduler import Job, QueueFull, Scheduler
 from drafttree.server.schemas import ChatRequest, CompletionRequest
 from drafttree.server.streaming import sse, usage
-from drafttree.server.tools import tool_message
+from drafttree.server.tools import AUTO_NEEDS_PARSER, PARSERS, tool_message
 
 RETRY_AFTER_SECONDS = 2
 # a generation's sampling settings, in SpeculativeModel.sampling's order (the request's names)
@@ -56,8 +56,10 @@ def _body_schema(model) -> dict:
 class Service:
     """What the routes share: the model, its scheduler and the response builders."""
 
-    def __init__(self, sm, api_key: str | None, max_batch: int, max_queue: int, max_body_bytes: int):
+    def __init__(self, sm, api_key: str | None, max_batch: int, max_queue: int, max_body_bytes: int,
+                 tool_parser: str | None = None):
         self.sm, self.api_key, self.max_body_bytes = sm, api_key, max_body_bytes
+        self.tool_parser = tool_parser  # how "auto" tool choice reads the model's calls (server/tools.py)
         self.max_batch, self.max_queue = max_batch, max_queue
         self.scheduler: Scheduler | None = None
         self.model_name = sm.target.name
@@ -210,9 +212,12 @@ def token_bytes(tok, t: int, text: str) -> list[int]:
 
 
 def create_app(sm, api_key: str | None = None, max_batch: int = 16, max_queue: int = 64,
-               max_body_bytes: int = MAX_BODY_BYTES) -> FastAPI:
-    """The ASGI app; the scheduler thread starts with the app (uvicorn's lifespan) and stops with it."""
-    svc = Service(sm, api_key, max_batch, max_queue, max_body_bytes)
+               max_body_bytes: int = MAX_BODY_BYTES, tool_parser: str | None = None) -> FastAPI:
+    """The ASGI app; the scheduler thread starts with the app (uvicorn's lifespan) and stops with it. ``tool_parser``
+    (one of tools.PARSERS): tool_choice "auto" reads the model's calls in that format (None: "auto" is a 400)."""
+    if tool_parser is not None and tool_parser not in PARSERS:
+        raise DraftTreeError(f"tool-call parser {tool_parser!r} is not one of {', '.join(PARSERS)}")
+    svc = Service(sm, api_key, max_batch, max_queue, max_body_bytes, tool_parser)
 
     @asynccontextmanager
     async def lifespan(app):
@@ -337,7 +342,12 @@ async def complete(svc: Service, request: Request, chat: bool):
     if req.model is not None and req.model != svc.model_name:  # as GET /v1/models/{id}, OpenAI and vLLM answer
         raise RequestError(404, f"the model {req.model!r} does not exist here; this server runs {svc.model_name!r} "
                            "(GET /v1/models)", "model", "model_not_found")
+    tools = req.tools_mode() if chat else None
+    if tools is not None and tools.auto and svc.tool_parser is None:
+        raise bad_request(AUTO_NEEDS_PARSER, "tool_choice")
     params = req.generation()
+    if tools is not None and tools.auto and req.skip_special_tokens is None:
+        params["skip_special"] = False  # the parser reads the call tags, special tokens in some vocabularies (Qwen's)
     ids = svc.encode(req, chat)
     # as vLLM and OpenAI: a prompt and an asked-for max_tokens that do not fit the context window together are a 400
     # (not an answer cut short); without max_tokens the default shrinks to what fits
@@ -363,7 +373,7 @@ async def complete(svc: Service, request: Request, chat: bool):
     seed, loop = params["seed"], asyncio.get_running_loop()
     jobs = [Job(ids, req.method or svc.sm.method, sampling, params["max_new_tokens"], params["stop"],
                 None if seed is None else (seed + i) & (2**64 - 1), loop, logprobs=params["logprobs"], end_ids=ends,
-                include_stop=params["include_stop"])
+                include_stop=params["include_stop"], skip_special=params["skip_special"])
             for i in range(req.n or 1)]  # n completions: n rows of the batch
     try:
         for job in jobs:
@@ -388,7 +398,7 @@ async def complete(svc: Service, request: Request, chat: bool):
                                type_="server_error" if first[1] >= 500 else "invalid_request_error")
     if req.stream:
         with_usage = bool(req.stream_options and req.stream_options.include_usage)
-        return StreamingResponse(sse(svc, jobs, firsts, chat, rid, with_usage, req.tools_mode() if chat else None),
+        return StreamingResponse(sse(svc, jobs, firsts, chat, rid, with_usage, tools),
                                  media_type="text/event-stream",
                                  headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
 
@@ -417,4 +427,4 @@ async def complete(svc: Service, request: Request, chat: bool):
     for event in events:
         if event[0] == "error":
             raise RequestError(event[1], event[2], type_="server_error")
-    return JSONResponse(svc.completion([event[1] for event in events], chat, rid, req.tools_mode() if chat else None))
+    return JSONResponse(svc.completion([event[1] for event in events], chat, rid, tools))

@@ -28,6 +28,8 @@ def cmd_serve(args) -> int:
         raise DraftTreeError(f"--port must be in 0..65535, got {args.port}")
     if args.max_batch <= 0 or args.max_queue <= 0:
         raise DraftTreeError(f"--max-batch and --max-queue must be > 0, got {args.max_batch} and {args.max_queue}")
+    if args.enable_auto_tool_choice and args.tool_call_parser is None:
+        raise DraftTreeError("--enable-auto-tool-choice needs --tool-call-parser (hermes)")
     api_key = args.api_key or os.environ.get("DRAFTTREE_API_KEY") or None
     if args.host not in ("127.0.0.1", "localhost", "::1") and api_key is None:
         print(f"drafttree: warning: listening on {args.host} without --api-key: anyone who can reach it may use it",
@@ -38,7 +40,8 @@ def cmd_serve(args) -> int:
     )
     if args.batch_invariant:
         sm.batch_target().batch_invariant = True
-    app = create_app(sm, api_key=api_key, max_batch=args.max_batch, max_queue=args.max_queue)
+    app = create_app(sm, api_key=api_key, max_batch=args.max_batch, max_queue=args.max_queue,
+                     tool_parser=args.tool_call_parser)
     dtype = str(sm.target.dtype).replace("torch.", "")
 
     def started(server):
@@ -58,6 +61,7 @@ def cmd_serve(args) -> int:
 
 def add_parser(sub) -> None:
     from drafttree.drafters import METHODS
+    from drafttree.server.tools import PARSERS
 
     s = sub.add_parser("serve", help="serve a model over an OpenAI-compatible HTTP API with a web page",
                        description="OpenAI-compatible server: /v1/chat/completions, /v1/completions, /v1/models, "
@@ -80,4 +84,9 @@ def add_parser(sub) -> None:
     s.add_argument("--batch-invariant", action="store_true",
                    help="a request's greedy text never depends on what else is being served, in bf16 too (a packed "
                         "prefill of short prompts costs ~8-10%% more; also $DRAFTTREE_BATCH_INVARIANT=1)")
+    s.add_argument("--tool-call-parser", choices=PARSERS, default=None,
+                   help="tool_choice 'auto' (the default with tools) reads the model's calls in this format (hermes: "
+                        "<tool_call> blocks, as Qwen2.5, Hermes and SmolLM2 write them); without it 'auto' is a 400")
+    s.add_argument("--enable-auto-tool-choice", action="store_true",
+                   help="accepted as vLLM's command line has it (needs --tool-call-parser)")
     s.set_defaults(func=cmd_serve)

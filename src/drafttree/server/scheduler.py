@@ -52,6 +52,7 @@ class Job:
     logprobs: int | None = None  # alternatives per token, when the request asked for log-probabilities
     end_ids: frozenset[int] | None = None  # tokens that end the generation (None: the model's end-of-sequence ones)
     include_stop: bool = False  # the text ends after a stop string, not before it
+    skip_special: bool = True  # special tokens have no text (vLLM's skip_special_tokens)
     reported: int = 0  # tokens whose log-probabilities went out ...
     offset: int = 0  # ... and where the next one's text begins
     sent: list = field(default_factory=list)  # the (entry, offset) pairs that went out
@@ -120,8 +121,8 @@ class Scheduler:
         job.reported = job.offset = 0
         job.sent = []
         job.text = TextAssembler(sm.tokenizer, job.stops, job.include_stop, min_tokens_of(job.sampling),
-                                 job.seq.eos_ids)
-        job.ends = None if job.logprobs is None else PrefixEnds(sm.tokenizer)
+                                 job.seq.eos_ids, job.skip_special)
+        job.ends = None if job.logprobs is None else PrefixEnds(sm.tokenizer, job.skip_special)
 
     def _start_all(self, jobs: list[Job]) -> None:
         """Prefill the newcomers together (one packed forward); if that fails, one at a time, so that only a bad

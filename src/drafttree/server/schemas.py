@@ -82,9 +82,10 @@ class GenerationParams(BaseModel):
     guided_choice: Any = Field(None, description="vLLM's older name for structured_outputs.choice")
     guided_grammar: Any = Field(None, description="vLLM's older name for structured_outputs.grammar")
     tools: Any = Field(None, description="OpenAI's function tools; with tool_choice 'required' or a named function the "
-                       "answer is tool_calls, decoded under a schema of the tools' parameters")
-    tool_choice: Any = Field(None, validate_default=True, description="'none', 'required' or {'type': 'function', "
-                             "'function': {'name': ...}} ('auto' needs a model-specific parser: refused)")
+                       "answer is tool_calls, decoded under a schema of the tools' parameters; with 'auto' (the "
+                       "default) the model's own calls, read by the server's --tool-call-parser")
+    tool_choice: Any = Field(None, validate_default=True, description="'none', 'auto', 'required' or {'type': "
+                             "'function', 'function': {'name': ...}} ('auto' needs the server's --tool-call-parser)")
     best_of: Any = None
     min_p: float | None = Field(None, ge=0, le=1, description="vLLM's: drop tokens less likely than min_p times the "
                                 "likeliest")
@@ -95,6 +96,8 @@ class GenerationParams(BaseModel):
                                              "completion (counted; their text kept with include_stop_str_in_output)")
     include_stop_str_in_output: bool | None = Field(None, description="the text ends after the stop string found, "
                                                     "not before it")
+    skip_special_tokens: bool | None = Field(None, description="vLLM's: special tokens have no text (default true; "
+                                             "false with tool_choice 'auto' and a tool-call parser, which reads them)")
 
     @field_validator("stop", mode="before")
     @classmethod
@@ -186,8 +189,9 @@ class GenerationParams(BaseModel):
 
     @model_validator(mode="after")
     def _tools_or_structure(self):
-        if self.tools_mode() is not None and any(getattr(self, f) is not None for f in STRUCTURED_FIELDS):
-            raise ValueError("give tools (with tool_choice) or a structured output, not both")
+        mode = self.tools_mode()
+        if mode is not None and not mode.auto and any(getattr(self, f) is not None for f in STRUCTURED_FIELDS):
+            raise ValueError("give tools (with tool_choice 'required' or a function) or a structured output, not both")
         return self
 
     def tools_mode(self):
@@ -232,11 +236,12 @@ class GenerationParams(BaseModel):
                 "stop": self.stop or [], "seed": self.seed, "logprobs": self.logprob_count(),
                 "stop_token_ids": self.stop_token_ids or [], "ignore_eos": bool(self.ignore_eos),
                 "include_stop": bool(self.include_stop_str_in_output), "min_p": self.min_p or 0.0,
+                "skip_special": self.skip_special_tokens is not False,
                 "presence_penalty": self.presence_penalty or 0.0, "frequency_penalty": self.frequency_penalty or 0.0,
                 "repetition_penalty": 1.0 if self.repetition_penalty is None else self.repetition_penalty,
                 "logit_bias": self.logit_bias or {}, "min_tokens": self.min_tokens or 0,
                 "json_schema": None, "regex": None, "choice": None, "grammar": None, **self.structured()[1],
-                **({"json_schema": mode.schema} if (mode := self.tools_mode()) is not None else {})}
+                **({"json_schema": mode.schema} if (mode := self.tools_mode()) is not None and not mode.auto else {})}
 
     def logprob_count(self) -> int | None:
         """Alternatives per token to report with each token's log-probability; None: no logprobs."""

@@ -8,7 +8,7 @@ import time
 
 from drafttree.server.requests import RequestError
 from drafttree.server.scheduler import Job
-from drafttree.server.tools import tool_message
+from drafttree.server.tools import CallStream, tool_message
 
 
 def usage(res: dict) -> dict:
@@ -44,8 +44,10 @@ async def sse(svc, jobs: list[Job], firsts: list, chat: bool, rid: str, with_usa
     index, as OpenAI streams them), then each choice's finish chunk (drafttree's stats) and [DONE]. With
     ``with_usage`` (``stream_options.include_usage``) every chunk has ``usage: null`` and one more chunk, with no
     choices, carries the usage (the prompt counted once) before [DONE], as OpenAI streams it. ``tools`` (a ToolMode):
-    the text is held back and a choice's tool calls come whole in one delta before its finish chunk."""
+    the text is held back and a choice's tool calls come whole in one delta before its finish chunk; "auto": the text
+    goes out up to the model's first call (tools.CallStream), then the calls, or the rest of the text."""
     created, started, results = int(time.time()), set(), []
+    calls: dict[int, CallStream] = {}
     none = {"usage": None} if with_usage else {}
 
     def data(obj) -> bytes:
@@ -58,8 +60,10 @@ async def sse(svc, jobs: list[Job], firsts: list, chat: bool, rid: str, with_usa
                 _, text, accepted, step, entries = event
                 stats = {**none, "drafttree": {"step": step, "accepted": accepted}}
                 lps = None if entries is None else svc.logprobs(entries, chat)
-                yield data(svc.chunk(rid, chat, created, None if tools is not None else text, None, stats,
-                                     first=i not in started, logprobs=lps, index=i))
+                if tools is not None:
+                    text = calls.setdefault(i, CallStream()).feed(text) if tools.auto else None
+                yield data(svc.chunk(rid, chat, created, text, None, stats, first=i not in started, logprobs=lps,
+                                     index=i))
                 started.add(i)
             elif event[0] == "done":
                 res = event[1]
@@ -67,8 +71,12 @@ async def sse(svc, jobs: list[Job], firsts: list, chat: bool, rid: str, with_usa
                 finish = res["finish_reason"]
                 if tools is not None:
                     message, finish = tool_message(res, tools)
-                    delta = ({"tool_calls": [{"index": k, **c} for k, c in enumerate(message["tool_calls"])]}
-                             if message.get("tool_calls") else {"content": message["content"]})
+                    if message.get("tool_calls"):
+                        delta = {"tool_calls": [{"index": k, **c} for k, c in enumerate(message["tool_calls"])]}
+                    elif tools.auto:  # the text held back since the tag
+                        delta = {"content": calls.setdefault(i, CallStream()).rest(res["text"])}
+                    else:
+                        delta = {"content": message["content"]}
                     chunk = svc.chunk(rid, chat, created, None, None, none, first=i not in started, index=i)
                     chunk["choices"][0]["delta"].update(delta)
                     yield data(chunk)
