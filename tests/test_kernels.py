@@ -6,7 +6,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from drafttree.kernels import MAX_ROWS, fast_linears, gemm, kernel_status, layers, small_gemm
+from drafttree.kernels import MAX_ROWS, fast_linears, gemm, kernel_status, layers, model_loop, small_gemm
 
 ext = small_gemm()
 needs_kernel = pytest.mark.skipif(ext is None, reason=f"small-GEMM kernel {kernel_status()}")
@@ -513,6 +513,22 @@ def _lean(layer) -> bool:
     return layers._installed(layer, layers._lean_forward) is not None
 
 
+def count_layer_calls(monkeypatch) -> list:
+    """The arguments of every whole-layer kernel call (decode_layer) from now on."""
+    calls, ext = [], gemm._ext
+
+    class Counting:
+        def __getattr__(self, name):
+            return getattr(ext, name)
+
+        def decode_layer(self, *args):
+            calls.append(args)
+            return ext.decode_layer(*args)
+
+    monkeypatch.setattr(gemm, "_ext", Counting())
+    return calls
+
+
 @needs_kernel
 @pytest.mark.parametrize("arch", ["llama", "qwen2", "llama-no-input-norm"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -539,11 +555,10 @@ def test_lean_decoder_layers_give_the_stock_forward_bits(monkeypatch, arch, dtyp
     assert torch.equal(a.logits, b.logits)
     tokens, depths = torch.tensor([5, 6, 7, 8]), torch.tensor([0, 1, 1, 2])
     anc = torch.tensor([[1, 0, 0, 0], [1, 1, 0, 0], [1, 0, 1, 0], [1, 1, 0, 1]], dtype=torch.bool)
-    calls = []  # the tree forward runs each layer as one decode_layer call (the prefill filled an empty cache)
-    real = layers.LeanLayer._fused
-    monkeypatch.setattr(layers.LeanLayer, "_fused", lambda *a: calls.append(out := real(*a)) or out)
+    assert model_loop.loop_applies(model)  # (its check's forwards run now, not among those counted)
+    calls = count_layer_calls(monkeypatch)  # a tree forward: each layer one call (the prefill filled an empty cache)
     assert torch.equal(lean.forward_tree(tokens, depths, anc).logits, plain.forward_tree(tokens, depths, anc).logits)
-    assert len(calls) == 3 and all(c is not None for c in calls)
+    assert len(calls) == 3
     lean.commit([0, 1])
     plain.commit([0, 1])
     for cache_layer in lean.cache.layers:  # a full buffer: this forward takes the steps from Python, which grow it
@@ -552,9 +567,38 @@ def test_lean_decoder_layers_give_the_stock_forward_bits(monkeypatch, arch, dtyp
     calls.clear()
     step = (torch.tensor([9]), torch.tensor([0]), torch.ones(1, 1, dtype=torch.bool))
     assert torch.equal(lean.forward_tree(*step).logits, plain.forward_tree(*step).logits)
-    assert len(calls) == 3 and all(c is None for c in calls)
+    assert not calls
     with torch.no_grad():  # outside the block the stock forward runs: torch's kernels, as before
         assert torch.equal(model(ids[None]).logits, stock(ids[None]).logits)
+
+
+def test_the_model_loop_is_used_only_where_it_gives_the_stock_bits():
+    """A model whose own forward does one more step (here: embeddings scaled, as Gemma's are) fails the loop's check
+    and keeps its forward: its tree logits are the stock forward's."""
+    import copy
+
+    from transformers.models.llama.modeling_llama import LlamaModel
+
+    from drafttree.target import TargetModel
+    from tests.conftest import tiny_causal_lm
+
+    class Scaled(LlamaModel):
+        def forward(self, input_ids=None, inputs_embeds=None, cache=None, **kw):
+            return super().forward(inputs_embeds=self.embed_tokens(input_ids) * 2, cache=cache, **kw)
+
+    model = tiny_causal_lm("llama", hidden=64, layers=2, dtype=torch.bfloat16)
+    model.model.__class__ = Scaled
+    stock = copy.deepcopy(model)
+    ids = torch.randint(0, 64, (6,), generator=torch.Generator().manual_seed(3))
+    tokens, depths = torch.tensor([5, 6, 7]), torch.tensor([0, 1, 1])
+    anc = torch.tensor([[1, 0, 0], [1, 1, 0], [1, 0, 1]], dtype=torch.bool)
+    got = TargetModel(model)
+    got.prefill(ids)
+    out = got.forward_tree(tokens, depths, anc).logits
+    assert model_loop._checked.get(model.model) is False
+    with torch.inference_mode():
+        want = stock(torch.cat([ids, tokens])[None]).logits[0, -3:]  # torch's kernels: close, not the same bits
+    assert torch.allclose(out[:2].float(), want[:2].float(), atol=0.1, rtol=0.05)
 
 
 @needs_kernel
@@ -582,9 +626,8 @@ def test_a_batch_packed_in_one_forward_runs_each_layer_as_one_call_with_the_modu
     for ids in texts:
         plain.add(ids)
     monkeypatch.setattr(layers, "_lean_layer", real)
-    calls = []
-    fused = layers.LeanLayer._fused
-    monkeypatch.setattr(layers.LeanLayer, "_fused", lambda *a: calls.append(out := fused(*a)) or out)
+    assert model_loop.loop_applies(model)
+    calls = count_layer_calls(monkeypatch)
     for rnd in range(3):
         trees = [_random_tree(size, 50, seed=10 * rnd + r) for r, size in enumerate((6, 1, 9))]
         a, b = lean.forward_trees(trees), plain.forward_trees(trees)
@@ -594,7 +637,7 @@ def test_a_batch_packed_in_one_forward_runs_each_layer_as_one_call_with_the_modu
         paths = [tree.path_to(int(tree.depths.argmax())) for tree in trees]
         lean.commit(paths)
         plain.commit(paths)
-    assert len(calls) == 6 and all(c is not None for c in calls)
+    assert len(calls) == 6
 
 
 @needs_kernel

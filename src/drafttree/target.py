@@ -17,6 +17,7 @@ from drafttree.attention import grouped_attention
 from drafttree.cache import GrowingCache, cache_arg
 from drafttree.errors import DraftTreeError
 from drafttree.kernels import fast_linears
+from drafttree.kernels.model_loop import model_forward
 
 
 @dataclass
@@ -55,6 +56,9 @@ def run_with_features(model: torch.nn.Module, feature_layers: list[int] | None, 
     decoder layers side by side ([B, n, k * hidden], caught by forward pre-hooks: no forked modeling code)."""
     base = model.base_model
     with grouped_attention(model), fast_linears(model):
+        lean = model_forward(base, feature_layers, kw)  # the same steps without the modeling code's per-call work
+        if lean is not None:
+            return lean
         if not feature_layers:
             return base(**kw), None
         caught: dict[int, torch.Tensor] = {}

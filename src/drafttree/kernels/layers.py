@@ -257,6 +257,13 @@ class LeanLayer:
         rotary kernel, our attention kernel. None: :meth:`forward` does the steps."""
         if type(cache) is not GrowingCache or self.layer_idx >= len(cache.layers):
             return None
+        return self.fused_with(hidden, cache, pe, _fused_plan(self, hidden.dtype, pe, mask))
+
+    def fused_with(self, hidden: torch.Tensor, cache: GrowingCache, pe: tuple, plan: tuple | None
+                   ) -> torch.Tensor | None:
+        """:meth:`_fused` with this forward's plan (``_fused_plan``: the same for every layer of a forward)."""
+        if plan is None or self.layer_idx >= len(cache.layers):
+            return None
         layer = cache.layers[self.layer_idx]
         buf, n = layer._k, hidden.shape[1]
         if buf is None or buf.dtype != hidden.dtype:
@@ -268,8 +275,7 @@ class LeanLayer:
                 return None
         else:  # GrowingLayer._update_rows
             (index, slots), start, length = layer.scatter, 0, max(layer._len, layer.row_end)
-        plan = _fused_plan(self, hidden.dtype, pe, mask)
-        if plan is None or length > buf.shape[-2]:
+        if length > buf.shape[-2]:
             return None
         kernel_mask, packed = plan
         if (packed is None) != (layer.scatter is None) or (packed is not None and (
