@@ -223,7 +223,7 @@ def least_slope(cost, n_max: int) -> float:
 
 
 # bump when the verify path or the measurement changes (2: grouped tree attention, 3: small-GEMM kernel, 4: cost per
-# context token, 5: the fastest of paired timings instead of the median, 6: the decoder stack's loop, kernels/model_loop)
+# context token, 5: the fastest of paired timings instead of the median, 6: the decoder stack's loop, model_loop.py)
 CURVE_VERSION = "6"
 
 

@@ -21,7 +21,8 @@ from drafttree.kernels.gemm import _active, _applies, kernel_rows
 from drafttree.kernels.layers import LeanLayer, _fused_plan, _installed, _lean_forward
 
 PLAIN_KEYS = frozenset({"input_ids", "attention_mask", "position_ids", "use_cache", "cache", "past_key_values"})
-_checked: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # base model -> whether the loop gives its bits
+# base model -> (the device its weights were on, whether the loop gave the stock forward's bits there)
+_checked: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 @dataclass
@@ -103,10 +104,16 @@ def model_forward(base: torch.nn.Module, feature_layers: list[int] | None, kw: d
     leans = _lean_layers(base)
     if leans is None:
         return None
-    ok = _checked.get(base)
-    if ok is None:
-        ok = _checked[base] = _gives_the_stock_bits(base, leans)
-    return _loop(base, leans, ids, mask, positions, cache, feature_layers) if ok else None
+    return _loop(base, leans, ids, mask, positions, cache, feature_layers) if _check(base, leans) else None
+
+
+def _check(base, leans: list[LeanLayer] | None) -> bool:
+    """Whether the loop gives ``base``'s stock bits on the device its weights are on now (checked once there)."""
+    device = base.embed_tokens.weight.device
+    done = _checked.get(base)
+    if done is None or done[0] != device:
+        done = _checked[base] = (device, leans is not None and _gives_the_stock_bits(base, leans))
+    return done[1]
 
 
 def loop_applies(model: torch.nn.Module) -> bool:
@@ -115,8 +122,5 @@ def loop_applies(model: torch.nn.Module) -> bool:
     from drafttree.kernels.layers import fast_linears
 
     base = model.base_model
-    if base not in _checked:
-        with grouped_attention(model), fast_linears(model), torch.inference_mode():
-            leans = _lean_layers(base)
-            _checked[base] = leans is not None and _gives_the_stock_bits(base, leans)
-    return _checked[base]
+    with grouped_attention(model), fast_linears(model), torch.inference_mode():
+        return _check(base, _lean_layers(base))
