@@ -446,7 +446,8 @@ def _extra_parsers():
     """Subcommands living next to their code (training, benchmark, server)."""
     out = []
     for mod, fn in (("drafttree.train.cli", "add_parser"), ("drafttree.bench.cli", "add_parser"),
-                    ("drafttree.server.cli", "add_parser"), ("drafttree.heads.export", "add_parser")):
+                    ("drafttree.server.cli", "add_parser"), ("drafttree.heads.export", "add_parser"),
+                    ("drafttree.chat", "add_parser")):
         try:
             module = __import__(mod, fromlist=[fn])
         except ModuleNotFoundError as e:
