@@ -31,6 +31,10 @@ def names_args(calls):
      [("get_time", {"timezone": "UTC"})]),
     (f"  {TIME}\n", None, [("get_time", {"timezone": "CET"})]),  # an answer that is only a call, bare ...
     (f"```json\n{WEATHER}\n```", None, [("get_weather", {"city": "Oslo", "unit": "celsius"})]),  # ... or fenced
+    ('<|python_tag|>{"name": "get_time", "parameters": {"timezone": "CET"}}', None,  # Llama 3's forms
+     [("get_time", {"timezone": "CET"})]),
+    ('{"name": "get_time", "parameters": {"timezone": "CET"}}; {"name": "get_time", "parameters": {"timezone": "UTC"}}',
+     None, [("get_time", {"timezone": "CET"}), ("get_time", {"timezone": "UTC"})]),
 ])
 def test_hermes_calls_parse(text, content, expected):
     got = hermes_calls(text, NAMES)
@@ -58,6 +62,7 @@ def test_hermes_arguments_given_as_text_are_kept():
     f"```json\n{TIME}\n```\nDone.",
     '{"name": "get_time"',
     '{"city": "Oslo"}',
+    f"{TIME}; and then text",  # every part of a ";"-joined answer must be a call
 ])
 def test_hermes_text_that_is_not_calls(text):
     assert hermes_calls(text, NAMES) is None
@@ -91,6 +96,7 @@ def test_tool_mode_auto_is_the_default_with_tools():
     f"  {TIME}",  # may be only a call: nothing goes out before the end
     "{ not a call, but JSON-like } and text",
     "```python\nprint(1)\n```",  # a fence that cannot hold a call goes out as it comes
+    '<|python_tag|>{"name": "get_time", "parameters": {}}',  # Llama 3's call: held whole
 ])
 def test_call_stream_never_sends_part_of_a_call(text):
     """Every split of the text into three pieces: what is sent before the end is exactly the text before the first
@@ -104,6 +110,6 @@ def test_call_stream_never_sends_part_of_a_call(text):
                 assert sent == text[:start]
             else:
                 assert sent + s.rest(text) == text
-                assert sent == "" or not text.lstrip().startswith("{")
+                assert sent == "" or not text.lstrip().startswith(("{", "<|python_tag|>"))
                 if text.startswith("```python") and i > len("```python"):
                     assert sent

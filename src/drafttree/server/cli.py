@@ -28,8 +28,10 @@ def cmd_serve(args) -> int:
         raise DraftTreeError(f"--port must be in 0..65535, got {args.port}")
     if args.max_batch <= 0 or args.max_queue <= 0:
         raise DraftTreeError(f"--max-batch and --max-queue must be > 0, got {args.max_batch} and {args.max_queue}")
+    from drafttree.server.tools import PARSERS
+
     if args.enable_auto_tool_choice and args.tool_call_parser is None:
-        raise DraftTreeError("--enable-auto-tool-choice needs --tool-call-parser (hermes)")
+        raise DraftTreeError(f"--enable-auto-tool-choice needs --tool-call-parser ({', '.join(PARSERS)})")
     api_key = args.api_key or os.environ.get("DRAFTTREE_API_KEY") or None
     if args.host not in ("127.0.0.1", "localhost", "::1") and api_key is None:
         print(f"drafttree: warning: listening on {args.host} without --api-key: anyone who can reach it may use it",
@@ -86,7 +88,8 @@ def add_parser(sub) -> None:
                         "prefill of short prompts costs ~8-10%% more; also $DRAFTTREE_BATCH_INVARIANT=1)")
     s.add_argument("--tool-call-parser", choices=PARSERS, default=None,
                    help="tool_choice 'auto' (the default with tools) reads the model's calls in this format (hermes: "
-                        "<tool_call> blocks, as Qwen2.5, Hermes and SmolLM2 write them); without it 'auto' is a 400")
+                        "<tool_call> blocks, as Qwen2.5, Hermes and SmolLM2 write them; llama3_json: Llama 3's JSON "
+                        "calls); without it 'auto' is a 400")
     s.add_argument("--enable-auto-tool-choice", action="store_true",
                    help="accepted as vLLM's command line has it (needs --tool-call-parser)")
     s.set_defaults(func=cmd_serve)

@@ -6,8 +6,8 @@ calls of the given tools) need no model-specific parser: the answer is decoded u
 default with tools) lets the model choose between text and calls, so its calls are read from the model's own format:
 with ``serve --tool-call-parser hermes`` (vLLM's flag and name), the ``<tool_call>{"name": ..., "arguments": ...}
 </tool_call>`` blocks that Qwen2.5, Hermes and SmolLM2's templates ask for (and an answer that is only such a call,
-bare or fenced, as Qwen2.5-Coder answers); without a parser ``"auto"`` is a 400 that says so (as vLLM answers).
-``"none"`` ignores the tools.
+bare or fenced, as Qwen2.5-Coder answers; ``llama3_json``: Llama 3's JSON calls); without a parser ``"auto"`` is a
+400 that says so (as vLLM answers). ``"none"`` ignores the tools.
 """
 
 from __future__ import annotations
@@ -18,7 +18,10 @@ import uuid
 from dataclasses import dataclass
 
 MAX_TOOLS = 128
-PARSERS = ("hermes",)  # --tool-call-parser: the model formats whose calls "auto" can read
+# --tool-call-parser: the model formats whose calls "auto" can read (vLLM's names). One reader serves both: Llama 3's
+# JSON calls ({"name": ..., "parameters": ...}, after <|python_tag|> or not, several joined by ";") are a bare answer
+PARSERS = ("hermes", "llama3_json")
+PYTHON_TAG = "<|python_tag|>"
 CALL_OPEN, CALL_CLOSE = "<tool_call>", "</tool_call>"
 _BLOCK = re.compile(re.escape(CALL_OPEN) + r"(.*?)(?:" + re.escape(CALL_CLOSE) + r"|$)", re.DOTALL)
 
@@ -56,11 +59,14 @@ def hermes_calls(text: str, names) -> tuple[str | None, list[dict]] | None:
     tool: then the answer is text, as the model wrote it."""
     start = text.find(CALL_OPEN)
     if start < 0:
-        whole = text.strip()
+        whole = text.strip().removeprefix(PYTHON_TAG).strip()
         fenced = _FENCED.fullmatch(whole)
         if fenced is None and not whole.startswith(("{", "[")):
             return None
         calls = _parsed_calls(fenced.group(1) if fenced else whole, names)
+        if calls is None and fenced is None and ";" in whole:  # Llama 3's calls joined by ";"
+            parts = [_parsed_calls(part, names) for part in whole.split(";")]
+            calls = None if any(c is None for c in parts) else [c for part in parts for c in part]
         return None if calls is None else (None, calls)
     calls = []
     for block in _BLOCK.finditer(text, start):
@@ -185,9 +191,9 @@ class CallStream:
     @staticmethod
     def _may_be_bare_call(head: str) -> bool:
         """Whether an answer beginning so may still be nothing but a call (JSON, or a ```json fence)."""
-        fences = ("```json", "```\n")
-        return (not head or head[0] in "{[" or head.startswith(fences)
-                or any(f.startswith(head) for f in fences))
+        starts = ("```json", "```\n", PYTHON_TAG)
+        return (not head or head[0] in "{[" or head.startswith(starts)
+                or any(f.startswith(head) for f in starts))
 
     def rest(self, text: str) -> str:
         """At the end, where the answer is text: what has not been sent of it (``text``: the finished answer)."""
