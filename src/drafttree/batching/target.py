@@ -33,6 +33,12 @@ def batch_invariant_default() -> bool:
     return os.environ.get("DRAFTTREE_BATCH_INVARIANT", "").strip().lower() in ("1", "on", "true", "yes")
 
 
+def _kernel_rows_of(sizes: list[int]) -> torch.Tensor:
+    """Per packed row, whether its part (a prompt, a tree) has at most MAX_ROWS rows: the rows gemm.kernel_rows gives
+    to the small-GEMM kernel, as that part alone would take it."""
+    return torch.repeat_interleave(torch.tensor([m <= MAX_ROWS for m in sizes]), torch.tensor(sizes))
+
+
 class BatchTarget:
     """Prefill, batched tree forward, ragged commit and row removal over a shared cache."""
 
@@ -138,8 +144,7 @@ class BatchTarget:
         cache.join_rows(len(self.model.base_model.layers), first + len(ids), *need)
         cache.set_scatter(row[None], positions, max(lens))
         try:
-            short = (torch.repeat_interleave(torch.tensor([n <= MAX_ROWS for n in lens]), torch.tensor(lens))
-                     if self.batch_invariant else None)
+            short = _kernel_rows_of(lens) if self.batch_invariant else None
             with row_runs(None, None, PromptRows(starts, first)), kernel_rows(short, sum(lens)):
                 out, aux = run_with_features(self.model, self.feature_layers, input_ids=torch.cat(ids)[None],
                                              attention_mask=None, position_ids=positions, use_cache=True,
@@ -260,8 +265,7 @@ class BatchTarget:
             runs, packed = self._runs(sizes), None
         # batch invariance: a round of more than MAX_ROWS tokens takes the kernel too (64 rows at a time), as each
         # row's tree does alone (the many-row path rounds otherwise)
-        every = (torch.repeat_interleave(torch.tensor([m <= MAX_ROWS for m in sizes]), torch.tensor(sizes))
-                 if self.batch_invariant else None)
+        every = _kernel_rows_of(sizes) if self.batch_invariant else None
         try:
             with row_runs(runs, packed), kernel_rows(every, len(row)):
                 out, aux = run_with_features(self.model, self.feature_layers, input_ids=tokens, attention_mask=mask,
