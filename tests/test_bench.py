@@ -314,6 +314,26 @@ def test_end_to_end_quick_run_float32(tmp_path):
     assert s["results"]["lookup:linears=torch"]["qa"]["identical_prompts"] == 1
 
 
+def test_prefix_cache_variant_reuses_only_a_conversations_own_turns(tmp_path):
+    """``METHOD:prefix_cache=true``: a question's later turns reuse its earlier turns' keys; its first turn is
+    computed whole in every repeat (as every method's), and the answers are plain decoding's."""
+    from drafttree.cli import main
+
+    out = tmp_path / "run"
+    rc = main(["bench", "--quick", "--methods", "ar,ar:prefix_cache=true,lookup:prefix_cache=true", "--tasks",
+               "mt_bench", "--prompts", "1", "--repeats", "2", "--max-new-tokens", "8", "--dtype", "float32",
+               "--threads", "2", "--out", str(out)])
+    assert rc == 0
+    recs = {r["method"]: r for r in map(json.loads, (out / "results.jsonl").read_text().splitlines())}
+    plain = recs["ar"]
+    assert [t["cached_tokens"] for t in plain["turns"]] == [0, 0]
+    for m in ("ar:prefix_cache=true", "lookup:prefix_cache=true"):
+        first, second = recs[m]["turns"]
+        assert first["cached_tokens"] == 0 and recs[m]["identical_across_repeats"]
+        assert second["cached_tokens"] > first["prompt_tokens"], "the second turn reuses the first and its answer"
+        assert [t["tokens"] for t in recs[m]["turns"]] == [t["tokens"] for t in plain["turns"]]
+
+
 def test_head_variants_run_side_by_side(tmp_path, capsys):
     """``METHOD:head=DIR`` runs a method with another head in the same run (an old and a new head compared);
     here with no --head at all, so the variant's head is the only one loaded."""
@@ -343,11 +363,14 @@ def test_linear_kernel_variants_are_a_benchmark_option():
 
     from drafttree.kernels import torch_linears
 
-    assert R.method_parts("eagle2:k=4:linears=torch") == ("eagle2", {"k": 4}, torch_linears, None)
-    assert R.method_parts("eagle2:k=4") == ("eagle2", {"k": 4}, contextlib.nullcontext, None)
+    assert R.method_parts("eagle2:k=4:linears=torch") == ("eagle2", {"k": 4}, torch_linears, None, False)
+    assert R.method_parts("eagle2:k=4") == ("eagle2", {"k": 4}, contextlib.nullcontext, None, False)
     assert R.method_parts("auto:head=runs/x/head").head == "runs/x/head"
+    assert R.method_parts("auto:prefix_cache=true") == ("auto", {}, contextlib.nullcontext, None, True)
     with pytest.raises(DraftTreeError, match="linears="):
         R.method_parts("ar:linears=fast")
+    with pytest.raises(DraftTreeError, match="prefix_cache="):
+        R.method_parts("ar:prefix_cache=3")
 
 
 def test_concurrency_steady_load_with_repeats(tmp_path, capsys):

@@ -80,3 +80,14 @@ def test_chat_cli_errors_are_one_line(capsys, argv, msg, code):
         assert main(argv) == code
     err = capsys.readouterr().err
     assert msg in err and "Traceback" not in err
+
+
+def test_with_the_prefix_cache_later_turns_compute_only_what_is_new(lm, default_fp32):
+    """``drafttree chat``'s default: the earlier turns' keys are kept; the answers are those without it, and the
+    turn's line says how much of the conversation was cached."""
+    cached = SpeculativeModel(default_fp32, prefix_cache=True)
+    turns = ["Name a colour.", "And another one?", "Now a third."]
+    conv, _, lines = run(cached, turns, system="Answer briefly.")
+    plain, _, _ = run(lm, turns, system="Answer briefly.")
+    assert conv == plain
+    assert "cached" not in lines[0] and all("prompt tokens cached" in line for line in lines[1:])

@@ -320,3 +320,37 @@ def test_newcomers_prefilled_together_equal_each_prefilled_alone(shipped):
     with pytest.raises(DraftTreeError, match="context window"):
         packed.add_many([ids[0], too_long])
     assert packed.rows == 5
+
+
+# ------------------------------------------------------------------ prefix caching (chat turns)
+
+TURNS = ["Name three rivers in Europe.", "Which of them is the longest? Answer in one sentence.",
+         "Now write a haiku about that river."]
+
+
+def _converse(sm: SpeculativeModel, method: str, options: dict | None = None) -> list[tuple[list[int], int]]:
+    """Three chat turns, each answer appended to the conversation: (answer tokens, cached prompt tokens) per turn."""
+    messages, turns = [], []
+    for turn in TURNS:
+        messages.append({"role": "user", "content": turn})
+        res = sm.generate(messages, max_new_tokens=40, method=method, method_options=options)
+        messages.append({"role": "assistant", "content": res.text})
+        turns.append((res.tokens, res.cached_tokens))
+    return turns
+
+
+def test_prefix_cached_chat_turns_are_lossless(default_fp32, shipped):
+    """With ``prefix_cache`` the later turns compute only what is new, and every method still answers each turn
+    with plain decoding's tokens -- those of a fresh prefill of the whole conversation too."""
+    fresh = _converse(SpeculativeModel(default_fp32, method="ar"), "ar")
+    assert all(cached == 0 for _, cached in fresh)
+    cached_sm = SpeculativeModel(default_fp32, head=shipped.head, prefix_cache=True)
+    draft = truncated_copy(default_fp32, 10)
+    with_draft = SpeculativeModel(default_fp32, head=shipped.head, draft=draft, prefix_cache=True)
+    for sm, method, options in [(cached_sm, "ar", None), (cached_sm, "auto", None),
+                                (cached_sm, "hybrid", {"gate": False, "total_tokens": 24}),
+                                (cached_sm, "eagle2", None), (with_draft, "auto", None)]:
+        turns = _converse(sm, method, options)
+        assert [t for t, _ in turns] == [t for t, _ in fresh], f"{method} {options}: not plain decoding's answers"
+        prompt_lens = [sm.encode_prompt([{"role": "user", "content": TURNS[0]}]).numel()]
+        assert all(cached > prompt_lens[0] for _, cached in turns[1:]), f"{method}: later turns were not cached"

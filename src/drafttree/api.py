@@ -59,11 +59,17 @@ class GenerationResult:
     def finish_reason(self) -> str:
         return self.stats.finish_reason
 
+    @property
+    def cached_tokens(self) -> int:
+        """Prompt tokens whose keys the prefix cache already held (``prefix_cache=True``), not computed again."""
+        return self.stats.cached_tokens
+
     def to_dict(self) -> dict:
         s = self.stats
         return {
             "text": self.text, "method": self.method, "new_tokens": self.new_tokens,
-            "prompt_tokens": self.prompt_tokens, "tokens_per_second": round(s.tokens_per_second, 3),
+            "prompt_tokens": self.prompt_tokens, "cached_tokens": s.cached_tokens,
+            "tokens_per_second": round(s.tokens_per_second, 3),
             "tau": round(s.tau, 4), "target_forwards": s.target_forwards, "wall_time": round(s.wall_time, 4),
             "finish_reason": s.finish_reason, "accept_lengths": s.accept_lengths,
             "time_split": {"prefill": round(s.time_prefill, 4), "draft": round(s.time_draft, 4),
@@ -106,7 +112,14 @@ class SpeculativeModel:
     """A target model plus a drafting method; generates exactly what the target alone would generate."""
 
     def __init__(self, target: LoadedModel, method: str = "auto", draft: LoadedModel | None = None,
-                 head=None, **method_options):
+                 head=None, prefix_cache: bool = False, **method_options):
+        """``prefix_cache``: a prompt that begins with what the last generation's cache holds (a chat's earlier
+        turns, the same system prompt) computes only the rest; the cost of a turn then stays flat as a
+        conversation grows. Off by default: the reused keys come from other forwards than a fresh prefill's, so a
+        generation's logits may differ in the last bits from the same call on a fresh cache (the distribution is
+        the model's either way, and every method still gives plain decoding's tokens on the same cache)."""
+        if not isinstance(prefix_cache, bool):
+            raise DraftTreeError(f"prefix_cache must be true or false, got {prefix_cache!r}")
         self.target = target
         self.draft = draft
         if draft is not None:
@@ -114,7 +127,9 @@ class SpeculativeModel:
         self.head = head
         self.method = self._resolve_method(method)
         self.method_options = method_options
-        self._runner = TargetModel(target.model, feature_layers=getattr(head, "aux_layers", None))
+        self.prefix_cache = prefix_cache
+        self._runner = TargetModel(target.model, feature_layers=getattr(head, "aux_layers", None),
+                                   keep_prefix=prefix_cache)
         self._drafters: dict[tuple, Drafter] = {}
         self._batch_target = None
         self.batch_policy = AlwaysDraft()  # per-row budgets decide (batching/policy.py says why)
@@ -126,14 +141,17 @@ class SpeculativeModel:
     @classmethod
     def from_pretrained(cls, model: str = DEFAULT_MODEL, method: str = "auto", draft_model: str | None = None,
                         head: str | None = "auto", dtype: str | torch.dtype = "auto", device: str = "auto",
-                        show_progress: bool = True, **method_options) -> SpeculativeModel:
+                        show_progress: bool = True, prefix_cache: bool = False,
+                        **method_options) -> SpeculativeModel:
         """Load a target (and a draft LM or EAGLE head if the method needs one).
 
         ``head='auto'`` uses the head shipped for the target when there is one; ``method='auto'`` is
         ``hybrid``: context n-grams plus the head and/or draft LM when loaded, in one ranked tree sized for this
         machine (the root alone, plain decoding, where no tree pays).
         """
-        spec = check_method("hybrid" if method == "auto" else method)  # fail before loading anything
+        if not isinstance(prefix_cache, bool):  # fail before loading anything
+            raise DraftTreeError(f"prefix_cache must be true or false, got {prefix_cache!r}")
+        spec = check_method("hybrid" if method == "auto" else method)
         needs = "model" if method == "auto" else spec.needs
         parse_options(spec.schema, method, method_options)
         if needs == "draft" and not draft_model:
@@ -154,7 +172,7 @@ class SpeculativeModel:
             from drafttree.heads import load_head_for
 
             eagle_head = load_head_for(target, None if head == "auto" else head, required=needs == "head")
-        return cls(target, method=method, draft=draft, head=eagle_head, **method_options)
+        return cls(target, method=method, draft=draft, head=eagle_head, prefix_cache=prefix_cache, **method_options)
 
     def _resolve_method(self, method: str) -> str:
         if method == "auto":  # every loaded source in one ranked tree (context n-grams alone when nothing is loaded:
@@ -170,6 +188,13 @@ class SpeculativeModel:
             raise DraftTreeError(f"method {method!r} needs an EAGLE head or a draft model (draft_model=...)")
         return method
 
+    def forget_prefix(self) -> None:
+        """Drop what the prefix cache holds (the target's and every draft LM's): the next prompt is computed whole,
+        as by a model just loaded."""
+        self._runner.forget()
+        for d in self._drafters.values():
+            d.keep_prefix(self.prefix_cache)
+
     def drafter(self, method: str | None = None, options: dict | None = None) -> Drafter:
         """The drafter for ``method`` (built once per method and options). Without ``options``, the
         options given at construction apply to the construction method."""
@@ -179,6 +204,7 @@ class SpeculativeModel:
         key = (method, tuple(sorted((k, str(v)) for k, v in options.items())))
         if key not in self._drafters:
             self._drafters[key] = make_drafter(method, self.target, self.draft, self.head, **dict(options))
+            self._drafters[key].keep_prefix(self.prefix_cache)
         return self._drafters[key]
 
     # ---- prompts -------------------------------------------------------------------------------------

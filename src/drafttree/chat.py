@@ -1,6 +1,8 @@
 """``drafttree chat``: a conversation in the terminal, each answer streamed as its tokens are accepted.
 
 The conversation so far goes back to the model with every turn (its chat template), as the server's chat route does;
+the prefix cache keeps the earlier turns' keys, so each turn computes only what is new (``--no-prefix-cache``: every
+turn from scratch, each answer then reproducible on its own with ``--seed``);
 ``/reset`` starts over, ``/exit`` (or end of input) ends it. A turn that cannot run (a conversation grown past the
 context window) is refused with its one-line reason and dropped, the conversation kept; Ctrl+C stops an answer
 where it is (what came out so far is kept as the answer) and, at the prompt, ends the chat.
@@ -72,7 +74,8 @@ def chat_loop(lm, turns: Iterator[str], write: Callable[[str], None], report: Ca
         write("\n")
         res = stream.result
         messages.append({"role": "assistant", "content": res.text})
-        report(f"[{res.method}] {res.new_tokens} tokens, {res.tokens_per_second:.1f} tok/s, tau {res.tau:.2f}")
+        cached = f", {res.cached_tokens} of {res.prompt_tokens} prompt tokens cached" if res.cached_tokens else ""
+        report(f"[{res.method}] {res.new_tokens} tokens, {res.tokens_per_second:.1f} tok/s, tau {res.tau:.2f}{cached}")
     return messages
 
 
@@ -86,7 +89,7 @@ def cmd_chat(args) -> int:
         raise DraftTreeError("--system is empty")
     lm = drafttree.SpeculativeModel.from_pretrained(
         args.model, method=args.method, draft_model=args.draft_model, head=args.head or "auto",
-        dtype=args.dtype, device=args.device, **_method_options(args))
+        dtype=args.dtype, device=args.device, prefix_cache=not args.no_prefix_cache, **_method_options(args))
     tty = sys.stdin.isatty()
     if tty:
         print(f"drafttree chat: {lm.target.name}, method {lm.method}. {HELP}.", file=sys.stderr)
@@ -124,4 +127,6 @@ def add_parser(sub) -> None:
     c.add_argument("--top-k", type=int, default=0, help="target sampling top-k (0 = off)")
     c.add_argument("--max-new-tokens", type=positive_int, default=512, help="longest answer per turn")
     c.add_argument("--seed", type=int, default=None, help="seeds each answer's sampling")
+    c.add_argument("--no-prefix-cache", action="store_true",
+                   help="compute every turn's whole conversation again (default: keep the earlier turns' keys)")
     c.set_defaults(func=cmd_chat)

@@ -29,6 +29,7 @@ class DecodeStats:
     target_forwards: int = 0
     accept_lengths: list[int] = field(default_factory=list)
     tree_sizes: list[int] = field(default_factory=list)
+    cached_tokens: int = 0  # prompt tokens the prefix cache held (TargetModel.keep_prefix), not computed again
     time_prefill: float = 0.0
     time_draft: float = 0.0
     time_verify: float = 0.0
@@ -88,6 +89,7 @@ def decode(
     stats = stats if stats is not None else DecodeStats()
     watch = Stopwatch(stats, target.device)
     pre = target.prefill(prompt_ids)
+    stats.cached_tokens = target.reused
     noise = Noise.from_generator(generator, pre.logits.shape[-1])  # fixes every position's sample (noise.py)
     n_prompt = prompt_ids.numel()
     grammar = grammar_state(sampling)  # structured output: this generation's place in the grammar

@@ -77,10 +77,70 @@ def run_with_features(model: torch.nn.Module, feature_layers: list[int] | None, 
         return out, torch.cat([caught[i] for i in feature_layers], dim=-1)
 
 
-class TargetModel:
-    """Prefill, tree forward, commit and crop over one sequence (batch size 1)."""
+class CommittedPrefix:
+    """The tokens the KV cache holds, position by position, with each position's features (what the target handed
+    the drafters for it), so that the next prefill can keep the longest common prefix (a chat's earlier turns, a
+    shared system prompt) instead of recomputing it: the drafters still see every position's features."""
 
-    def __init__(self, model: torch.nn.Module, feature_layers: list[int] | None = None):
+    def __init__(self):
+        self.ids: list[int] = []
+        self._feats: torch.Tensor | None = None  # [capacity, F]: rows :len(ids) are the committed positions'
+        self._pending: list[tuple[torch.Tensor, torch.Tensor]] = []  # (tokens, features) of uncommitted forwards
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    def features(self, n: int) -> torch.Tensor:
+        return self._feats[:n]
+
+    def append(self, ids: list[int], feats: torch.Tensor) -> None:
+        old = self._feats
+        if old is not None and (old.shape[1:] != feats.shape[1:] or old.dtype != feats.dtype
+                                or old.device != feats.device):
+            self.ids, old = [], None  # features of another kind (the model moved or re-cast): nothing is reusable
+        n, need = len(self.ids), len(self.ids) + len(ids)
+        if old is None or need > old.shape[0]:
+            self._feats = feats.new_empty(max(need + 64, 2 * need), *feats.shape[1:])
+            if n:
+                self._feats[:n] = old[:n]
+        self._feats[n:need] = feats
+        self.ids.extend(ids)
+
+    def add_pending(self, tokens: torch.Tensor, feats: torch.Tensor) -> None:
+        self._pending.append((tokens.reshape(-1), feats))
+
+    def commit(self, nodes: torch.Tensor) -> None:
+        """The pending slots ``nodes`` (indices over every forward since the last commit) join the prefix."""
+        tokens = torch.cat([t.to(f.device) for t, f in self._pending])
+        feats = torch.cat([f for _, f in self._pending])
+        self._pending.clear()
+        nodes = nodes.to(feats.device)
+        self.append(tokens[nodes].tolist(), feats.index_select(0, nodes))
+
+    def truncate(self, length: int) -> None:
+        del self.ids[max(0, length):]
+        self._pending.clear()
+
+
+def common_prefix(a: list[int], b: list[int]) -> int:
+    """The length of the longest common prefix of two token lists."""
+    n = min(len(a), len(b))
+    i = 0
+    while i < n and a[i] == b[i]:
+        i += 1
+    return i
+
+
+class TargetModel:
+    """Prefill, tree forward, commit and crop over one sequence (batch size 1).
+
+    ``keep_prefix``: remember what the cache holds (tokens and their features, :class:`CommittedPrefix`) so that
+    ``prefill`` keeps the longest prefix it shares with the previous sequence and runs only the rest (prefix
+    caching, as llama.cpp's prompt cache and vLLM's automatic prefix caching): the same model, but the reused keys
+    were computed by other forwards than a fresh prefill's, so logits may differ from a fresh prefill's in the last
+    bits. ``reused`` is how many prompt tokens the last prefill kept."""
+
+    def __init__(self, model: torch.nn.Module, feature_layers: list[int] | None = None, keep_prefix: bool = False):
         self.model = model
         self.feature_layers = list(feature_layers) if feature_layers else None
         self.base = model.base_model
@@ -95,6 +155,8 @@ class TargetModel:
         self._pending = 0  # uncommitted slots (tree or draft round) sitting after `length`
         self._pending_pos = torch.zeros(0, dtype=torch.long)
         self.max_positions = int(getattr(self.config, "max_position_embeddings", 2048) or 2048)
+        self.prefix = CommittedPrefix() if keep_prefix else None
+        self.reused = 0
 
     @property
     def device(self) -> torch.device:
@@ -134,10 +196,15 @@ class TargetModel:
 
     @torch.inference_mode()
     def prefill(self, input_ids: torch.Tensor, logits_for: str = "last") -> ForwardOutput:
-        """Reset the cache and run the prompt. Logits only for the last position unless ``logits_for='all'``."""
+        """Run the prompt on a fresh cache (with ``keep_prefix``: on the longest prefix the cache shares with it,
+        only the rest computed; the features cover every prompt position either way). Logits only for the last
+        position unless ``logits_for='all'`` (which always runs the whole prompt)."""
         ids = input_ids.reshape(1, -1).to(self.device)
         n = ids.shape[1]
         self.check_prompt(n)
+        self.reused = self._reusable(ids[0], n) if logits_for == "last" else 0
+        if self.reused:
+            return self._prefill_rest(ids, self.reused)
         self.cache = self._new_cache()
         self.length, self._pending = 0, 0
         positions = torch.arange(n, device=self.device)
@@ -151,8 +218,36 @@ class TargetModel:
         )
         feats = out.last_hidden_state[0]
         self.length = n
+        features = feats if aux is None else aux
+        if self.prefix is not None:
+            self.prefix.truncate(0)
+            self.prefix.append(ids[0].tolist(), features)
         head_in = feats if logits_for == "all" else feats[-1:]
-        return ForwardOutput(logits=self.logits(head_in), features=feats if aux is None else aux)
+        return ForwardOutput(logits=self.logits(head_in), features=features)
+
+    def _reusable(self, ids: torch.Tensor, n: int) -> int:
+        """Prompt tokens the cache already holds (at most n - 1: the last one's logits are needed); 0: none."""
+        if self.prefix is None or self.cache is None or not len(self.prefix):
+            return 0
+        held = min([len(self.prefix), self.length] + [layer.get_seq_length() for layer in self.cache.layers])
+        return min(common_prefix(self.prefix.ids[:held], ids[:held].tolist()), n - 1)
+
+    def _prefill_rest(self, ids: torch.Tensor, p: int) -> ForwardOutput:
+        """The prompt's tokens after the ``p`` already cached, causally over them; then committed."""
+        self.crop(p)
+        rest = ids[:, p:]
+        s = rest.shape[1]
+        positions = torch.arange(p, p + s, device=self.device)
+        causal = torch.tril(torch.ones(s, s, dtype=torch.bool, device=self.device))
+        out, aux = self._run(
+            input_ids=rest, attention_mask=self._masks(causal, positions, positions), position_ids=positions[None],
+            use_cache=True, **{cache_arg(self.base): self.cache},
+        )
+        feats = out.last_hidden_state[0]
+        features = feats if aux is None else aux
+        self.prefix.append(rest[0].tolist(), features)
+        self.length = p + s
+        return ForwardOutput(logits=self.logits(feats[-1:]), features=self.prefix.features(p + s))
 
     @torch.inference_mode()
     def forward_tree(self, tokens: torch.Tensor, depths: torch.Tensor, ancestors: torch.Tensor) -> ForwardOutput:
@@ -186,7 +281,10 @@ class TargetModel:
         self._pending += m
         self._pending_pos = tail_pos
         feats = out.last_hidden_state[0]
-        return ForwardOutput(logits=self.logits(feats), features=feats if aux is None else aux)
+        features = feats if aux is None else aux
+        if self.prefix is not None:
+            self.prefix.add_pending(tokens, features)
+        return ForwardOutput(logits=self.logits(feats), features=features)
 
     def _run(self, **kw):
         """The stock forward with grouped-query attention that reads K/V in place (:mod:`drafttree.attention`);
@@ -201,6 +299,8 @@ class TargetModel:
         m = int(nodes.numel())
         if m > self._pending:
             raise RuntimeError("commit of more slots than the last tree forward produced")
+        if self.prefix is not None:
+            self.prefix.commit(nodes)
         identity = bool(torch.equal(nodes, torch.arange(m, device=self.device)))
         start = self.length
         if not identity:
@@ -210,6 +310,12 @@ class TargetModel:
                 layer.values[:, :, start:start + m] = layer.values.index_select(2, src)
         self.length += m
         self.crop(self.length)
+
+    def forget(self) -> None:
+        """Drop the cache and what it holds (the next prefill starts from nothing)."""
+        self.cache, self.length, self._pending = None, 0, 0
+        if self.prefix is not None:
+            self.prefix = CommittedPrefix()
 
     def discard_pending(self) -> None:
         if self._pending:
@@ -221,3 +327,5 @@ class TargetModel:
             layer.truncate(length)
         self.length = min(self.length, length)
         self._pending = 0
+        if self.prefix is not None:
+            self.prefix.truncate(self.length)

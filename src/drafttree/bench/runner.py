@@ -158,17 +158,20 @@ class BenchRunner:
             for m in head_methods:
                 self._skip_or_fail(m, f"it needs an EAGLE head: {why}")
         self.lm = SpeculativeModel(target, method="ar", draft=draft, head=head)
+        # the prefix_cache=true variants' model: the same weights, a cache kept between a conversation's turns
+        self.cached_lm = SpeculativeModel(target, method="ar", draft=draft, head=head, prefix_cache=True) \
+            if any(m not in HF_METHODS and method_parts(m).prefix_cache for m in wanted) else None
         self.methods = []
         for m in wanted:
             if m in self.skipped:
                 continue
             if m not in HF_METHODS:
                 try:  # build it now: config errors surface before any timing
-                    name, opts, linears, head_dir = method_parts(m)
+                    name, opts, linears, head_dir, cached = method_parts(m)
                     if name in BENCH_METHODS:
                         self._drafter(m, torch.tensor([0, 1]), 1)
                     elif head_dir is None:  # a head=DIR variant is built below, with its head
-                        self.lm.drafter(name, opts)
+                        (self.cached_lm if cached else self.lm).drafter(name, opts)
                     with linears():  # a variant's own drafter (and its verify-cost curve) before any timing
                         self._variant_drafter(m)
                 except DraftTreeError as e:
@@ -190,7 +193,7 @@ class BenchRunner:
     def _variant_drafter(self, method: str):
         """For ``linears=torch`` a drafter of its own, built under torch's kernels (so its tree budget uses the
         verify-cost curve measured with them); None: the model's own drafter for the method."""
-        name, opts, linears, head_dir = method_parts(method)
+        name, opts, linears, head_dir, cached = method_parts(method)
         if linears is contextlib.nullcontext and head_dir is None:
             return None
         if method not in self._variants:
@@ -202,6 +205,7 @@ class BenchRunner:
             else:  # the run's model may hold no head at all (--head none): resolve with this one
                 head, resolved = self._other_head(head_dir), "hybrid" if name == "auto" else name
             self._variants[method] = make_drafter(resolved, lm.target, lm.draft, head, **opts)
+            self._variants[method].keep_prefix(cached)
         return self._variants[method]
 
     def _other_head(self, path: str):
@@ -222,6 +226,12 @@ class BenchRunner:
                turns: int | None = None) -> list[dict]:
         """Answer the question's turns in order (earlier answers go back into the conversation)."""
         lm, cfg = self.lm, self.cfg
+        if method not in HF_METHODS and method_parts(method).prefix_cache:
+            lm = self.cached_lm
+            lm.forget_prefix()  # a conversation's first turn is computed whole, as every method's
+            drafter = self._variant_drafter(method)
+            if drafter is not None:
+                drafter.keep_prefix(True)
         max_new = max_new_tokens or cfg.max_new_tokens
         dev = lm.target.device
         messages: list[dict] = []
@@ -247,7 +257,7 @@ class BenchRunner:
             else:
                 _sync(dev)
                 t0 = time.perf_counter()
-                name, opts, linears, _ = method_parts(method)
+                name, opts, linears, *_ = method_parts(method)
                 with linears():
                     drafter = self._drafter(method, ids, max_new) if name in BENCH_METHODS else \
                         self._variant_drafter(method)
@@ -262,7 +272,8 @@ class BenchRunner:
                     st.wall_time -= oracle.untimed
                     st.time_draft -= oracle.untimed
                 text = res.text
-                turn = {"prompt_tokens": int(ids.numel()), "new_tokens": st.new_tokens, "wall_time": wall,
+                turn = {"prompt_tokens": int(ids.numel()), "cached_tokens": st.cached_tokens,
+                        "new_tokens": st.new_tokens, "wall_time": wall,
                         "decode_wall_time": st.wall_time, "target_forwards": st.target_forwards,
                         "accept_lengths": list(st.accept_lengths),
                         "time_split": {"prefill": st.time_prefill, "draft": st.time_draft,
@@ -333,20 +344,26 @@ class Variant(NamedTuple):
     opts: dict
     linears: Any  # a context manager: torch's linear kernels, or nothing
     head: str | None  # another head directory for this method, or None: the run's --head
+    prefix_cache: bool = False  # a conversation's later turns reuse its earlier turns' keys (its first turn: none)
 
 
 def method_parts(method: str) -> Variant:
     """A method spec's name, drafter options and the benchmark's own options, which put variants of one
     method side by side in one run: ``linears=torch`` (torch's linear kernels instead of the small-GEMM kernel:
     ``--methods auto,auto:linears=torch``) and ``head=DIR`` (another head than ``--head``, e.g. an old and a
-    new head: ``--methods auto,auto:head=runs/new/head``)."""
+    new head: ``--methods auto,auto:head=runs/new/head``) and ``prefix_cache=true`` (a question's later turns reuse
+    the keys of its earlier turns, as a chat with ``prefix_cache`` does; its first turn is computed whole, as every
+    other method's: ``--methods auto,auto:prefix_cache=true``)."""
     name, opts = parse_method(method)
+    cached = opts.pop("prefix_cache", False)
+    if cached not in (True, False):
+        raise DraftTreeError(f"prefix_cache={cached!r} in {method!r}: choose true or false")
     linears = opts.pop("linears", "auto")
     if linears not in ("auto", "torch"):
         raise DraftTreeError(f"linears={linears!r} in {method!r}: choose auto or torch")
     head = opts.pop("head", None)
     return Variant(name, opts, torch_linears if linears == "torch" else contextlib.nullcontext,
-                   None if head is None else str(head))
+                   None if head is None else str(head), cached)
 
 
 def _load_tasks(cfg: BenchConfig) -> tuple[list[Task], list[str]]:

@@ -55,3 +55,8 @@ class Drafter:
 
     def observe(self, committed: list[int], features: torch.Tensor, next_root: int) -> None:
         pass
+
+    def keep_prefix(self, on: bool) -> None:
+        """Whether a model of the drafter's own (a draft LM) keeps its cache between generations, to feed the next
+        context from where it parts from the last (the target's ``prefix_cache``); what it holds now is dropped
+        either way. Nothing to keep here."""

@@ -44,21 +44,33 @@ class _DraftLMStepper:
 
 
 class DraftLMState:
-    """The draft LM's own KV cache, kept in step with the context lazily (only when it drafts).
+    """The draft LM's own KV cache, kept in step with the context lazily (only when it drafts). Between
+    generations it can keep what it holds (``keep_prefix``, with the target's ``prefix_cache``): a new context
+    that begins the same way (a chat's earlier turns, a shared system prompt) is fed from where they part. Only
+    proposals come from it, so this changes what is drafted at most in the last bits, never what is generated.
 
     Its distribution covers the ids both vocabularies share (``min`` of the two output sizes): a draft with
     fewer rows than the target (Qwen2.5-0.5B: 151,936 vs 152,064) never proposes the ids it lacks.
     """
 
     def __init__(self, draft_model: torch.nn.Module, target_vocab: int):
-        self.lm = TargetModel(draft_model)
+        self.lm = TargetModel(draft_model, keep_prefix=True)
         self.rows = self.lm.model.get_input_embeddings().weight.shape[0]
         self.vocab = min(target_vocab, self.lm.lm_head.weight.shape[0])
         self.fed = 0  # context tokens held by the draft's committed cache
+        self.keep_prefix = False  # keep the cache for the next generation's context (else a fresh prefill)
 
     def reset(self) -> None:
+        """A new generation: the next catch-up prefills its context (with ``keep_prefix``, only from where it
+        parts from what the cache holds)."""
         self.fed = 0
-        self.lm.cache = None
+        if not self.keep_prefix:
+            self.lm.cache = None
+
+    def keep(self, on: bool) -> None:
+        """Keep the cache between generations from now on (or not); what it holds now is dropped."""
+        self.keep_prefix = bool(on)
+        self.lm.cache, self.fed = None, 0
 
     def _ids(self, tokens: list[int]) -> torch.Tensor:
         """Token ids the draft has no embedding for (the target's extra rows) are read as id 0."""
@@ -68,7 +80,7 @@ class DraftLMState:
     @torch.inference_mode()
     def catch_up(self, context: list[int]) -> torch.Tensor:
         """Feed the context tokens the draft has not seen; log-probs of the token after the last one."""
-        if self.lm.cache is None or self.fed > len(context):
+        if self.lm.cache is None or self.fed == 0 or self.fed > len(context):
             out = self.lm.prefill(self._ids(context))
         else:
             self.lm.discard_pending()
@@ -98,6 +110,9 @@ class DraftModelDrafter(Drafter):
         self.total_tokens = int(total_tokens)
         live = LiveCurve(budget.cost) if budget is not None and tree and live_curve else None
         self.rounds = BudgetRounds(budget, live) if budget is not None and tree else None
+
+    def keep_prefix(self, on: bool) -> None:
+        self.state.keep(on)
 
     def begin(self, prompt, prefill_features, root):
         self.state.reset()

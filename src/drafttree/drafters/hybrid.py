@@ -156,6 +156,11 @@ class HybridDrafter(Drafter):
         self._fresh = True
         self.source_accepts = [0] * len(self.sources)  # accepted drafts each source proposed (diagnostics)
 
+    def keep_prefix(self, on: bool) -> None:
+        for s in self.sources:
+            if hasattr(s, "keep_prefix"):  # the sources with a model of their own (a draft LM)
+                s.keep_prefix(on)
+
     def begin(self, prompt: torch.Tensor, prefill_features: torch.Tensor, root: int) -> None:
         for s in self.sources:
             s.begin(prompt, prefill_features, root)
@@ -412,6 +417,10 @@ class SwitchDrafter(Drafter):
     def begin(self, prompt: torch.Tensor, prefill_features: torch.Tensor, root: int) -> None:
         self.first.begin(prompt, prefill_features, root)
         self.second.begin(prompt, prefill_features, root)
+
+    def keep_prefix(self, on: bool) -> None:
+        self.first.keep_prefix(on)
+        self.second.keep_prefix(on)
 
     def propose(self, req: DraftRequest) -> DraftTree:
         tree = self.first.propose(req)

@@ -309,6 +309,9 @@ class DraftLMSource(ExpandingSource):
     def begin(self, prompt: torch.Tensor, prefill_features: torch.Tensor, root: int) -> None:
         self.lm.reset()
 
+    def keep_prefix(self, on: bool) -> None:
+        self.lm.keep(on)
+
     def observe(self, committed: list[int], features: torch.Tensor, next_root: int) -> None:
         pass
 
