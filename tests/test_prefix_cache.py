@@ -127,3 +127,78 @@ def test_common_prefix():
     assert common_prefix([1, 2, 3], [1, 2, 4, 5]) == 2
     assert common_prefix([], [1]) == 0
     assert common_prefix([1, 2], [1, 2]) == 2
+
+
+# ------------------------------------------------------------------ the batch decoder's pool (the server's path)
+
+def test_the_pool_keeps_the_newest_within_its_budget_and_matches_the_longest_prefix():
+    from drafttree.batching.prefix_pool import PrefixEntry, PrefixPool
+
+    def entry(ids):
+        return PrefixEntry(list(ids), [], torch.zeros(len(ids), 2))
+
+    pool = PrefixPool(max_tokens=110, min_match=4)
+    pool.add(entry(range(3)))  # shorter than a match: not kept
+    assert not pool.entries
+    pool.add(entry(range(40)))
+    pool.add(entry(range(100, 150)))
+    pool.add(entry(range(50)))  # extends the first: replaces it
+    assert [len(e.ids) for e in pool.entries] == [50, 50]
+    hit = pool.best(list(range(30)) + [7, 7])
+    assert hit is not None and hit[1] == 30 and hit[0].ids[:3] == [0, 1, 2]
+    assert pool.best(list(range(100, 103)) + [0]) is None  # 3 tokens in common < min_match
+    assert pool.best(list(range(50)))[1] == 49  # all but the last token (its logits start the answer)
+    pool.add(entry(range(200, 260)))  # over budget: the least recently used goes (the 100.. one)
+    assert [e.ids[0] for e in pool.entries] == [0, 200]
+    with pytest.raises(DraftTreeError, match="positive"):
+        PrefixPool(max_tokens=0)
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+def test_a_newcomer_that_begins_as_a_finished_row_starts_from_its_states(arch):
+    from drafttree.batching import BatchDecoder, BatchTarget, Sequence
+    from drafttree.batching.prefix_pool import PrefixPool
+    from drafttree.drafters.base import Drafter
+
+    model = tiny_causal_lm(arch, vocab=50, seed=8)
+    pooled = BatchTarget(model, prefix_pool=PrefixPool(min_match=4))
+    dec = BatchDecoder(pooled)
+    first = Sequence(_ids(14, 1), Drafter(), max_new_tokens=6)
+    other = Sequence(_ids(9, 2), Drafter(), max_new_tokens=3)
+    dec.add_many([first, other])
+    assert pooled.last_reused == [0, 0]
+    while dec.rows:
+        dec.step()
+    assert len(pooled.pool.entries) == 2
+    held = first.context[: first.prompt_ids.numel() + len(first.tokens) - 1]  # its cache: all but the last root
+    assert pooled.pool.entries[0].ids == held or pooled.pool.entries[1].ids == held
+    turn = torch.tensor(first.context + _ids(5, 3).tolist())  # the conversation's next turn
+    stranger = _ids(8, 4)
+    outs = pooled.add_many([stranger, turn])
+    assert pooled.last_reused == [0, len(held)]
+    fresh = BatchTarget(model).add_many([stranger, turn])
+    for out, ref in zip(outs, fresh):
+        assert out.features.shape == ref.features.shape
+        torch.testing.assert_close(out.logits, ref.logits, atol=2e-4, rtol=1e-4)
+        torch.testing.assert_close(out.features, ref.features, atol=2e-4, rtol=1e-4)
+
+
+def test_batched_chat_turns_with_the_prefix_cache_are_lossless(default_fp32):
+    """The server's path: a batch of conversations, then their next turns as a batch; the later turns start from
+    the pool and every answer is plain decoding's."""
+    from drafttree.heads import load_head_for
+
+    head = load_head_for(default_fp32)
+    plain = SpeculativeModel(default_fp32, method="ar")
+    cached = SpeculativeModel(default_fp32, head=head, prefix_cache=True)
+    convs = [[{"role": "user", "content": "Name two planets."}],
+             [{"role": "user", "content": "Write a line about rain."}]]
+    for turn in ("Which one is bigger?", "Now make it rhyme."):
+        results = cached.generate(convs, max_new_tokens=24)
+        for conv, res in zip(convs, results):
+            assert res.tokens == plain.generate(conv, max_new_tokens=24).tokens
+            conv += [{"role": "assistant", "content": res.text}, {"role": "user", "content": turn}]
+    results = cached.generate(convs, max_new_tokens=24)
+    for conv, res in zip(convs, results):
+        assert res.tokens == plain.generate(conv, max_new_tokens=24).tokens
+        assert res.cached_tokens > 30, "the conversation so far came from the pool"

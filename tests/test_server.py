@@ -912,3 +912,25 @@ def test_a_retried_prefill_keeps_each_requests_end_tokens(sm, logprobs):
     for event in outs:
         assert event[0] == "done", event
         assert event[1]["finish_reason"] == "stop" and event[1]["completion_tokens"] == plain.index(stop) + 1
+
+
+def test_prefix_caching_serves_a_chats_next_turn_from_its_last_one(default_fp32, sm):
+    """``--enable-prefix-caching``: a conversation's next turn reuses the keys of the turn before it and its answer
+    (usage says how many, as OpenAI's ``prompt_tokens_details.cached_tokens``); the answers are those without it."""
+    cached = SpeculativeModel(default_fp32, method="lookup", prefix_cache=True)
+    srv = ServerThread(create_app(cached)).start()
+    try:
+        messages = list(MESSAGES)
+        for turn in ("Which one is your favourite?", "Say it in French."):
+            status, body = post(srv, "/v1/chat/completions", {"messages": messages, "max_tokens": 12, "temperature": 0})
+            assert status == 200
+            answer = body["choices"][0]["message"]["content"]
+            assert answer == sm.generate(messages, max_new_tokens=12).text
+            cached_tokens = body["usage"]["prompt_tokens_details"]["cached_tokens"]
+            assert (cached_tokens > len(messages) * 4) if len(messages) > 1 else cached_tokens == 0
+            messages += [{"role": "assistant", "content": answer}, {"role": "user", "content": turn}]
+        status, _, text = request(srv, "GET", "/metrics")
+        line = [x for x in text.decode().splitlines() if x.startswith("drafttree_prompt_tokens_cached_total")]
+        assert status == 200 and float(line[0].split()[-1]) == cached_tokens > 0
+    finally:
+        srv.stop()

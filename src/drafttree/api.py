@@ -472,7 +472,10 @@ class SpeculativeModel:
         from drafttree.batching import BatchTarget
 
         if self._batch_target is None:
-            self._batch_target = BatchTarget(self.target.model, getattr(self.head, "aux_layers", None))
+            from drafttree.batching.prefix_pool import PrefixPool
+
+            self._batch_target = BatchTarget(self.target.model, getattr(self.head, "aux_layers", None),
+                                             prefix_pool=PrefixPool() if self.prefix_cache else None)
         return self._batch_target
 
     def verify_cost(self):

@@ -111,6 +111,22 @@ class GrowingLayer(DynamicLayer):
     def get_seq_length(self) -> int:
         return self._len
 
+    def load(self, keys: torch.Tensor, values: torch.Tensor, room: int = 0) -> None:
+        """Start from a copy of these states ([heads, n, dim], one sequence), with room for ``room`` more."""
+        k, v = keys[None], values[None]
+        if not self.is_initialized:
+            self.lazy_initialization(k, v)
+        n = k.shape[-2]
+        self._k = k.new_zeros(*k.shape[:-2], n + room + 64, k.shape[-1])
+        self._v = v.new_zeros(*v.shape[:-2], n + room + 64, v.shape[-1])
+        self._k[..., :n, :], self._v[..., :n, :] = k, v
+        self._len, self._rows = n, None
+        self._set_views()
+
+    def row_states(self, row: int, length: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Copies of row ``row``'s first ``length`` keys and values ([heads, length, dim])."""
+        return self._k[row, ..., :length, :].clone(), self._v[row, ..., :length, :].clone()
+
     def truncate(self, length: int) -> None:
         """Keep the first ``length`` positions (the buffer stays allocated)."""
         if self._k is None or length >= self._len:
@@ -188,6 +204,16 @@ class GrowingCache(DynamicCache):
     def select_rows(self, rows: torch.Tensor | list[int]) -> None:
         for layer in self.layers:
             layer.select_rows(rows)
+
+    @classmethod
+    def of_states(cls, states: list[tuple[torch.Tensor, torch.Tensor]], room: int = 0) -> GrowingCache:
+        """A one-sequence cache holding copies of these per-layer states ([heads, n, dim] each)."""
+        cache = cls()
+        for k, v in states:
+            layer = GrowingLayer()
+            layer.load(k, v, room)
+            cache.layers.append(layer)
+        return cache
 
     def set_scatter(self, index: torch.Tensor | None, slots: torch.Tensor | None = None, end: int = 0) -> None:
         """The row and slot of each state of the next forward (both shaped like its [batch, tokens]; None:

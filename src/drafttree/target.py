@@ -311,6 +311,18 @@ class TargetModel:
         self.length += m
         self.crop(self.length)
 
+    def load_prefix(self, ids: list[int], states: list[tuple[torch.Tensor, torch.Tensor]], features: torch.Tensor,
+                    room: int = 0) -> None:
+        """Hold these tokens as if they had been prefilled: per-layer keys and values ([heads, len(ids), dim]) and
+        their features (copies; ``room``: tokens to make space for). Needs ``keep_prefix``."""
+        if self.prefix is None:
+            raise RuntimeError("load_prefix needs a TargetModel made with keep_prefix=True")
+        n = len(ids)
+        self.cache = GrowingCache.of_states([(k[:, :n], v[:, :n]) for k, v in states], room)
+        self.length, self._pending = n, 0
+        self.prefix = CommittedPrefix()
+        self.prefix.append(list(ids), features[:n])
+
     def forget(self) -> None:
         """Drop the cache and what it holds (the next prefill starts from nothing)."""
         self.cache, self.length, self._pending = None, 0, 0

@@ -51,6 +51,8 @@ class Sequence:
     last_tree: int = 1
     noise: Noise | None = field(default=None, repr=False)
     grammar: object | None = field(default=None, repr=False)  # structured output: the row's place in its grammar
+    # with a prefix pool: the features of every position the row's cache holds (kept in the pool when it leaves)
+    features: list[torch.Tensor] | None = field(default=None, repr=False)
 
     def _finish(self, reason: str) -> None:
         self.finished = True
@@ -108,7 +110,9 @@ class BatchDecoder:
         pres = self.target.add_many([s.prompt_ids for s in seqs], [s.max_new_tokens for s in seqs])
         spent = time.perf_counter() - t0
         news = []
-        for seq, pre in zip(seqs, pres):
+        reused = getattr(self.target, "last_reused", None) or [0] * len(seqs)
+        keep = getattr(self.target, "pool", None) is not None
+        for seq, pre, cached in zip(seqs, pres, reused):
             t1 = time.perf_counter()
             seq.noise = Noise.from_generator(seq.generator, pre.logits.shape[-1])
             seq.grammar = grammar_state(seq.sampling)
@@ -116,6 +120,8 @@ class BatchDecoder:
             root = sample_token(first, seq.sampling, seq.noise, seq.prompt_ids.numel())
             seq.drafter.begin(seq.prompt_ids, pre.features, root)
             st = seq.stats
+            st.cached_tokens = cached
+            seq.features = [pre.features] if keep else None
             st.time_prefill = st.wall_time = spent + time.perf_counter() - t1  # every newcomer waits for the forward
             st.target_forwards = 1
             st.accept_lengths.append(1)
@@ -138,6 +144,10 @@ class BatchDecoder:
         cancelled = [s for s in self.active if s.cancelled and not s.finished]
         for s in cancelled:
             s._finish("cancelled")
+        for i, s in enumerate(self.active):  # leaving rows' states go to the prefix pool, if there is one
+            if (s.finished or s.cancelled) and s.features is not None:
+                self.target.remember(i, s.context, torch.cat(s.features))
+                s.features = None
         m = len(alive)
         order = list(range(m))
         holes = [i for i in range(m) if self.active[i].finished or self.active[i].cancelled]
@@ -236,7 +246,10 @@ class BatchDecoder:
         for seq, tree, out, (path, nxt), t_draft in zip(rows, trees, outs, accepted, draft_times):
             t0 = time.perf_counter()
             committed = tree.tokens[path].tolist()
-            seq.drafter.observe(committed, out.features[path], nxt)
+            feats = out.features[path]
+            seq.drafter.observe(committed, feats, nxt)
+            if seq.features is not None:
+                seq.features.append(feats)
             seq.root, seq.last_tree = nxt, tree.size
             st = seq.stats
             st.time_draft += t_draft + time.perf_counter() - t0

@@ -21,6 +21,7 @@ import os
 import torch
 
 from drafttree.attention import PackedRows, PromptRows, RowRun, kernel_for, row_runs
+from drafttree.batching.prefix_pool import PrefixEntry, PrefixPool
 from drafttree.cache import GrowingCache, cache_arg
 from drafttree.errors import DraftTreeError
 from drafttree.kernels.gemm import MAX_ROWS, kernel_rows
@@ -43,13 +44,19 @@ class BatchTarget:
     """Prefill, batched tree forward, ragged commit and row removal over a shared cache."""
 
     def __init__(self, model: torch.nn.Module, feature_layers: list[int] | None = None,
-                 batch_invariant: bool | None = None):
+                 batch_invariant: bool | None = None, prefix_pool: PrefixPool | None = None):
         """``batch_invariant`` (default: $DRAFTTREE_BATCH_INVARIANT): in bf16 too, a prompt packed with others and a
         tree in a round of more than 64 tokens get the bits they get alone, so a request's greedy text never depends
         on what else is being served (gemm.kernel_rows: their products go through the small-GEMM kernel 64 rows
         at a time, as alone; 5-11% of a 16-user burst here). Off, such rows take the many-row path, whose bf16 rounding
-        differs (a short prompt's logits by up to ~0.7) and, now and then, so does a greedy text."""
-        self.single = TargetModel(model, feature_layers)  # prefills newcomers; holds config, LM head, masks
+        differs (a short prompt's logits by up to ~0.7) and, now and then, so does a greedy text.
+
+        ``prefix_pool``: rows that leave are kept there (:meth:`remember`) and a newcomer that begins as one of them
+        did starts from a copy of its states (prefix caching; ``last_reused`` says how many tokens each one kept)."""
+        self.pool = prefix_pool
+        # prefills newcomers; holds config, LM head, masks
+        self.single = TargetModel(model, feature_layers, keep_prefix=prefix_pool is not None)
+        self.last_reused: list[int] = []  # per prompt of the last add / add_many: tokens taken from the pool
         self.batch_invariant = batch_invariant_default() if batch_invariant is None else bool(batch_invariant)
         self.model = model
         self.feature_layers = self.single.feature_layers
@@ -89,14 +96,42 @@ class BatchTarget:
     def add(self, prompt_ids: torch.Tensor, room: int = 0, _for: tuple[int, int] | None = None) -> ForwardOutput:
         """Prefill one prompt alone and append it as the last row; returns its prefill output. ``room``: the new
         tokens it may generate (the cache is sized for them now rather than grown while the batch decodes)."""
-        out = self.single.prefill(prompt_ids)
-        rows_for, slots_for = _for or self._room([self.single.length], [room])
+        ids = prompt_ids.reshape(-1)
+        hit = self.pool.best(ids.tolist()) if self.pool is not None else None
+        out = self._add_one(ids, room, _for, hit)
+        self.last_reused = [0 if hit is None else hit[1]]
+        return out
+
+    def _add_one(self, ids: torch.Tensor, room: int, need: tuple[int, int] | None,
+                 hit: tuple[PrefixEntry, int] | None) -> ForwardOutput:
+        """Prefill one prompt alone (on a copy of the pool entry's first ``p`` states for a ``hit``) as the last row."""
+        if hit is not None:
+            entry, p = hit
+            self.single.load_prefix(entry.ids[:p], entry.states, entry.features, room=ids.numel() - p)
+        try:
+            out = self.single.prefill(ids)
+        except BaseException:
+            self.single.forget()
+            raise
+        rows_for, slots_for = need or self._room([self.single.length], [room])
         if self.cache is None:
             self.cache = GrowingCache()
         self.cache.add_row(self.single.cache, rows_for=rows_for, slots_for=slots_for)
         self.lens.append(self.single.length)
-        self.single.cache, self.single.length = None, 0
+        self.single.forget()
         return out
+
+    @torch.inference_mode()
+    def remember(self, row: int, ids: list[int], features: torch.Tensor) -> None:
+        """Keep row ``row``'s states for newcomers that begin as it does (``ids``: the tokens its cache holds, at
+        most; ``features``: theirs, in order). Without a pool, nothing."""
+        if self.pool is None or self.cache is None:
+            return
+        n = min(len(ids), self.lens[row], features.shape[0])
+        if n < self.pool.min_match:
+            return
+        states = [layer.row_states(row, n) for layer in self.cache.layers]
+        self.pool.add(PrefixEntry(list(ids[:n]), states, features[:n].clone()))
 
     MAX_PACKED_TOKENS = 4096  # a packed prefill's tokens at most (its activations; a longer batch is split)
 
@@ -115,20 +150,25 @@ class BatchTarget:
         for x in ids:
             self.single.check_prompt(x.numel())
         need = self._room([x.numel() for x in ids], room)  # one cache size for all of them
+        hits = [self.pool.best(x.tolist()) if self.pool is not None else None for x in ids]
+        self.last_reused = [0 if h is None else h[1] for h in hits]
         if len(ids) < 2 or not self.packs_prompts():
-            return [self.add(x, _for=need) for x in ids]
+            return [self._add_one(x, 0, need, h) for x, h in zip(ids, hits)]
         outs: list[ForwardOutput] = []
         group: list[torch.Tensor] = []
-        for x in ids:
-            if group and sum(g.numel() for g in group) + x.numel() > self.MAX_PACKED_TOKENS:
+        for x, hit in zip(ids, hits):  # rows join in prompt order: a pool hit alone, the others packed
+            if group and (hit is not None or sum(g.numel() for g in group) + x.numel() > self.MAX_PACKED_TOKENS):
                 outs += self._prefill_packed(group, need)
                 group = []
-            group.append(x)
-        return outs + self._prefill_packed(group, need)
+            if hit is not None:
+                outs.append(self._add_one(x, 0, need, hit))
+            else:
+                group.append(x)
+        return outs + (self._prefill_packed(group, need) if group else [])
 
     def _prefill_packed(self, ids: list[torch.Tensor], need: tuple[int, int]) -> list[ForwardOutput]:
         if len(ids) == 1:
-            return [self.add(ids[0], _for=need)]
+            return [self._add_one(ids[0], 0, need, None)]
         dev, lens = self.device, [x.numel() for x in ids]
         starts = [0]
         for n in lens:

@@ -38,7 +38,7 @@ def cmd_serve(args) -> int:
               file=sys.stderr)
     sm = drafttree.SpeculativeModel.from_pretrained(
         args.model, method=args.method, draft_model=args.draft_model, head=args.head or "auto",
-        dtype=args.dtype, device=args.device,
+        dtype=args.dtype, device=args.device, prefix_cache=args.enable_prefix_caching,
     )
     if args.batch_invariant:
         sm.batch_target().batch_invariant = True
@@ -86,6 +86,11 @@ def add_parser(sub) -> None:
     s.add_argument("--batch-invariant", action="store_true",
                    help="a request's greedy text never depends on what else is being served, in bf16 too (a packed "
                         "prefill of short prompts costs ~8-10%% more; also $DRAFTTREE_BATCH_INVARIANT=1)")
+    s.add_argument("--enable-prefix-caching", action="store_true",
+                   help="keep finished requests' keys for requests that begin the same way (a chat's next turn, a "
+                        "shared system prompt), as vLLM's flag: those compute only the rest; usage then reports "
+                        "prompt_tokens_details.cached_tokens. A reused prefix's logits may differ from a fresh "
+                        "prefill's in the last bits")
     s.add_argument("--tool-call-parser", choices=PARSERS, default=None,
                    help="tool_choice 'auto' (the default with tools) reads the model's calls in this format (hermes: "
                         "<tool_call> blocks, as Qwen2.5, Hermes and SmolLM2 write them; llama3_json: Llama 3's JSON "

@@ -15,13 +15,15 @@ class Metrics:
         self.finished: Counter[str] = Counter()  # by finish reason
         self.failed = 0
         self.prompt_tokens = self.generation_tokens = self.forwards = self.accepted = 0
+        self.cached_tokens = 0  # prompt tokens the prefix cache held (--enable-prefix-caching)
         self.latency_sum = self.first_token_sum = 0.0
         self.first_tokens = 0
 
     def request_done(self, reason: str, prompt_tokens: int, generation_tokens: int, forwards: int, accepted: int,
-                     latency: float) -> None:
+                     latency: float, cached_tokens: int = 0) -> None:
         """``accepted``: the drafted tokens its forwards accepted (tokens past a stop string included)."""
         with self._lock:
+            self.cached_tokens += cached_tokens
             self.finished[reason] += 1
             self.prompt_tokens += prompt_tokens
             self.generation_tokens += generation_tokens
@@ -57,6 +59,8 @@ class Metrics:
                 ("drafttree_request_failure_total", "counter", "requests that ended in an error", [("", self.failed)]),
                 ("drafttree_prompt_tokens_total", "counter", "prompt tokens of answered requests",
                  [("", self.prompt_tokens)]),
+                ("drafttree_prompt_tokens_cached_total", "counter", "prompt tokens of answered requests that the "
+                 "prefix cache held (not computed again)", [("", self.cached_tokens)]),
                 ("drafttree_generation_tokens_total", "counter", "tokens generated for answered requests",
                  [("", self.generation_tokens)]),
                 ("drafttree_target_forwards_total", "counter", "target forwards of answered requests (each row of "

@@ -184,7 +184,7 @@ class Scheduler:
             lengths = seq.stats.accept_lengths
             self.metrics.request_done(result["finish_reason"], result["prompt_tokens"], result["completion_tokens"],
                                       seq.stats.target_forwards, sum(lengths) - len(lengths),
-                                      time.monotonic() - job.arrived)
+                                      time.monotonic() - job.arrived, seq.stats.cached_tokens)
             job.push("done", result)
 
     def _logprobs(self, job: Job, final: bool) -> list | None:
@@ -213,7 +213,7 @@ class Scheduler:
             self._logprobs(job, True)
             lps = list(job.sent)
         return {"text": job.text.text, "prompt_tokens": int(job.ids.numel()), "completion_tokens": job.text.kept(),
-                "logprobs": lps,
+                "cached_tokens": s.cached_tokens if self.sm.prefix_cache else None, "logprobs": lps,
                 "finish_reason": "stop" if s.finish_reason == "stop" else "length",
                 "drafttree": {"method": job.method, "tau": round(s.tau, 4), "target_forwards": s.target_forwards,
                               "tokens_per_second": round(s.tokens_per_second, 3),

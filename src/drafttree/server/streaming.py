@@ -12,8 +12,12 @@ from drafttree.server.tools import CallStream, tool_message
 
 
 def usage(res: dict) -> dict:
-    return {"prompt_tokens": res["prompt_tokens"], "completion_tokens": res["completion_tokens"],
-            "total_tokens": res["prompt_tokens"] + res["completion_tokens"]}
+    """OpenAI's usage object; with the prefix cache on, ``prompt_tokens_details.cached_tokens`` too."""
+    out = {"prompt_tokens": res["prompt_tokens"], "completion_tokens": res["completion_tokens"],
+           "total_tokens": res["prompt_tokens"] + res["completion_tokens"]}
+    if res.get("cached_tokens") is not None:
+        out["prompt_tokens_details"] = {"cached_tokens": res["cached_tokens"]}
+    return out
 
 
 async def merged(jobs: list[Job], firsts: list):
