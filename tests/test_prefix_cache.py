@@ -137,7 +137,7 @@ def test_the_pool_keeps_the_newest_within_its_budget_and_matches_the_longest_pre
     def entry(ids):
         return PrefixEntry(list(ids), [], torch.zeros(len(ids), 2))
 
-    pool = PrefixPool(max_tokens=110, min_match=4)
+    pool = PrefixPool(max_tokens=110, min_match=4, min_share=0.0)
     pool.add(entry(range(3)))  # shorter than a match: not kept
     assert not pool.entries
     pool.add(entry(range(40)))
@@ -152,6 +152,9 @@ def test_the_pool_keeps_the_newest_within_its_budget_and_matches_the_longest_pre
     assert [e.ids[0] for e in pool.entries] == [0, 200]
     with pytest.raises(DraftTreeError, match="positive"):
         PrefixPool(max_tokens=0)
+    shared = PrefixPool(min_match=4)  # min_share 0.5: a short shared head of a long prompt is no match
+    shared.add(entry(range(10)))
+    assert shared.best(list(range(10)) + [5] * 30) is None and shared.best(list(range(10)) + [5] * 9)[1] == 10
 
 
 @pytest.mark.parametrize("arch", ["llama", "qwen2"])

@@ -25,17 +25,24 @@ class PrefixEntry:
 
 
 class PrefixPool:
-    """Entries by recency (newest last), at most ``max_tokens`` tokens in all; a match needs ``min_match``
-    tokens (a shorter one saves less than the copy costs)."""
+    """Entries by recency (newest last), at most ``max_tokens`` tokens in all. A match needs ``min_match`` tokens
+    and ``min_share`` of the newcomer's prompt: a matched newcomer is prefilled alone, not packed with the others
+    (where a prompt's products run near the GEMM's peak), which a short shared prefix such as a chat template's
+    system prompt does not pay for; a chat's next turn (most of its prompt is the last turn) does."""
 
-    def __init__(self, max_tokens: int = 32768, min_match: int = 16):
+    def __init__(self, max_tokens: int = 32768, min_match: int = 16, min_share: float = 0.5):
         if not isinstance(max_tokens, int) or max_tokens <= 0:
             raise DraftTreeError(f"the prefix cache's size must be a positive number of tokens, got {max_tokens!r}")
         if not isinstance(min_match, int) or min_match <= 0:
             raise DraftTreeError(f"min_match must be a positive number of tokens, got {min_match!r}")
-        self.max_tokens, self.min_match = max_tokens, min_match
+        if not 0.0 <= min_share <= 1.0:
+            raise DraftTreeError(f"min_share must be in [0, 1], got {min_share!r}")
+        self.max_tokens, self.min_match, self.min_share = max_tokens, min_match, min_share
         self.entries: list[PrefixEntry] = []
         self.hits = self.lookups = self.reused_tokens = 0
+
+    def clear(self) -> None:
+        self.entries.clear()
 
     @property
     def tokens(self) -> int:
@@ -60,7 +67,7 @@ class PrefixPool:
             p = min(common_prefix(e.ids, ids), len(ids) - 1)
             if p > longest:
                 found, longest = e, p
-        if found is None or longest < self.min_match:
+        if found is None or longest < max(self.min_match, self.min_share * len(ids)):
             return None
         self.entries.remove(found)
         self.entries.append(found)

@@ -4,11 +4,16 @@ R = 1 is a burst (U requests arrive together; the last rounds run with the slowe
 load (each user sends its next request when the last one ends: a finished row's place goes to a newcomer).
 Printed per method: aggregate tokens/s, tokens/s per user (R = 1: tokens / time until that user's last token;
 R > 1: aggregate / U), tau and the mean verified tree size. Methods: ours (``auto``, ``ar`` = batched plain
-decoding, any other) and ``hf-ar`` (transformers' ``generate`` on the same padded batch, bursts only). With
-``repeats`` every (U, method) runs that many times, methods interleaved, and the median run is reported."""
+decoding, any other; ``METHOD:prefix_cache=true``: with the prefix cache, its pool emptied before each run) and
+``hf-ar`` (transformers' ``generate`` on the same padded batch, bursts only). With ``turns`` N > 1 each user holds
+a conversation instead (a question of at least N turns): its next turn, with the answers so far, joins the batch
+when its last answer ends, as a chat client of the server sends them; the mean time to a turn's first token is
+printed too. With ``repeats`` every (U, method) runs that many times, methods interleaved, and the median run is
+reported."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import statistics
 import sys
@@ -39,9 +44,91 @@ def interleaved_prompts(tasks: list[str], n: int, data_dir=None) -> list[str]:
     return out
 
 
-def run_ours(sm, prompts: list[str], spec: str, max_new_tokens: int, max_batch: int | None = None) -> dict:
-    """``spec``: a method, with options as in ``drafttree bench`` (``auto:costly_in_batches=true``)."""
+def interleaved_conversations(tasks: list[str], n: int, turns: int, data_dir=None) -> list[list[str]]:
+    """``n`` distinct questions of at least ``turns`` turns (their first ``turns``), the tasks interleaved."""
+    loaded = [[q.turns[:turns] for q in t.questions if len(q.turns) >= turns] for t in load_tasks(tasks, data_dir)]
+    out = [c for row in itertools.zip_longest(*loaded) for c in row if c is not None][:n]
+    if len(out) < n:
+        raise DraftTreeError(f"only {len(out)} questions of {turns}+ turns in {', '.join(tasks)}; {n} users need {n}")
+    return out
+
+
+def model_for(sm, spec: str, cached: dict):
+    """(the model that serves ``spec``, its method and options): ``prefix_cache=true`` is a model of its own over the
+    same weights whose batches keep finished rows' states (``cached`` holds it once made)."""
     method, options = parse_method(spec)
+    if not options.pop("prefix_cache", False):
+        return sm, method, options
+    if "sm" not in cached:
+        from drafttree.api import SpeculativeModel
+
+        cached["sm"] = SpeculativeModel(sm.target, draft=sm.draft, head=sm.head, prefix_cache=True)
+    cached["sm"].batch_target().pool.clear()  # each run starts with nothing kept
+    return cached["sm"], method, options
+
+
+def run_conversations(sm, convs: list[list[str]], spec: str, max_new_tokens: int, max_batch: int,
+                      cached: dict) -> dict:
+    """Every conversation turn by turn, at most ``max_batch`` rows at a time: a turn (the conversation so far, its
+    answers included) joins when the turn before it ends."""
+    from drafttree.accept import Sampling
+    from drafttree.batching import BatchDecoder, Sequence
+    from drafttree.drafters import make_drafter
+
+    lm, method, options = model_for(sm, spec, cached)
+    method = lm._resolve_method(method)
+    dec = BatchDecoder(lm.batch_target(), lm.verify_cost(), lm.batch_policy)
+    messages: list[list[dict]] = [[] for _ in convs]
+    done = [0] * len(convs)
+    tokens, finish, ttft, taus, sizes = [0] * len(convs), [0.0] * len(convs), [], [], []
+    prompt = reused = 0
+    t0 = time.perf_counter()
+
+    def next_turn(u: int) -> tuple[Sequence, float]:
+        messages[u].append({"role": "user", "content": convs[u][done[u]]})
+        ids = lm.encode_prompt(messages[u]).to(lm.target.device)
+        drafter = make_drafter(method, lm.target, lm.draft, lm.head, **options)
+        return Sequence(ids, drafter, Sampling(), max_new_tokens, frozenset(lm.eos_ids), tag=u), time.perf_counter()
+
+    def ended(seq: Sequence) -> None:
+        nonlocal prompt, reused
+        u = seq.tag
+        text = lm.tokenizer.decode([t for t in seq.tokens if t not in lm.eos_ids], skip_special_tokens=True)
+        messages[u].append({"role": "assistant", "content": text})
+        tokens[u] += len(seq.tokens)
+        finish[u] = time.perf_counter() - t0
+        taus.append(seq.stats.tau)
+        sizes.extend(seq.stats.tree_sizes)
+        prompt += seq.prompt_ids.numel()
+        reused += seq.stats.cached_tokens
+        done[u] += 1
+        if done[u] < len(convs[u]):
+            waiting.append(next_turn(u))
+
+    waiting = [next_turn(u) for u in range(len(convs))]
+    live: set[int] = set()
+    while waiting or dec.rows:
+        joining, waiting = waiting[: max(0, max_batch - dec.rows)], waiting[max(0, max_batch - dec.rows):]
+        for (seq, ready), _ in zip(joining, dec.add_many([s for s, _ in joining])):
+            ttft.append(time.perf_counter() - ready)
+            live.add(id(seq))
+            if seq.finished:
+                live.discard(id(seq))
+                ended(seq)
+        for seq, _ in dec.step():
+            if seq.finished and id(seq) in live:
+                live.discard(id(seq))
+                ended(seq)
+    wall = time.perf_counter() - t0
+    return {"wall": wall, "tokens": tokens, "finish": finish, "tau": statistics.mean(taus),
+            "tree": statistics.mean(sizes) if sizes else 1.0, "ttft": statistics.mean(ttft),
+            "cached_share": reused / max(1, prompt)}
+
+
+def run_ours(sm, prompts: list[str], spec: str, max_new_tokens: int, max_batch: int | None = None,
+             cached: dict | None = None) -> dict:
+    """``spec``: a method, with options as in ``drafttree bench`` (``auto:costly_in_batches=true``)."""
+    sm, method, options = model_for(sm, spec, {} if cached is None else cached)
     t0 = time.perf_counter()
     done: dict[int, float] = {}
     for i, _chunk in sm.stream_batch(prompts, max_new_tokens, method=None if method == "auto" else method,
@@ -80,16 +167,26 @@ def run_hf(sm, prompts: list[str], max_new_tokens: int) -> dict:
 
 
 def measure(sm, users: list[int], methods: list[str], max_new_tokens: int, tasks: list[str], data_dir=None,
-            warmup: bool = True, requests_per_user: int = 1, repeats: int = 1, alone: bool = False) -> list[dict]:
+            warmup: bool = True, requests_per_user: int = 1, repeats: int = 1, alone: bool = False,
+            turns: int = 1) -> list[dict]:
     """With ``alone``, ``auto``'s rows also serve the same requests one at a time (``alone_tps``): the batch's
-    gain over serving them alone, on the same work (the 1-user run is one request, a different one)."""
+    gain over serving them alone, on the same work (the 1-user run is one request, a different one). ``turns`` > 1:
+    each user a conversation of that many turns (:func:`run_conversations`)."""
     R = max(1, requests_per_user)
     if R > 1 and "hf-ar" in methods:
         raise DraftTreeError("hf-ar serves one padded batch: use it with --requests-per-user 1")
+    if turns > 1 and (R > 1 or alone or "hf-ar" in methods):
+        raise DraftTreeError("--turns serves conversations of our methods: without --requests-per-user, --alone or "
+                             "hf-ar")
+    cached: dict = {}
+    if turns > 1:
+        return _measure_conversations(sm, users, methods, max_new_tokens,
+                                      interleaved_conversations(tasks, max(users), turns, data_dir), warmup, repeats,
+                                      cached)
     prompts = interleaved_prompts(tasks, max(users) * R, data_dir)
     if warmup:
         for m in methods:  # first calls pay for allocations, calibration and kernel selection
-            (run_hf(sm, prompts[:2], 8) if m == "hf-ar" else run_ours(sm, prompts[:2], m, 8))
+            (run_hf(sm, prompts[:2], 8) if m == "hf-ar" else run_ours(sm, prompts[:2], m, 8, cached=cached))
     rows = []
     for u in users:
         runs: dict[str, list[dict]] = {m: [] for m in methods}
@@ -99,7 +196,7 @@ def measure(sm, users: list[int], methods: list[str], max_new_tokens: int, tasks
             for m in (methods if rep % 2 == 0 else methods[::-1]):
                 batch = prompts[: u * R]
                 runs[m].append(run_hf(sm, batch, max_new_tokens) if m == "hf-ar"
-                               else run_ours(sm, batch, m, max_new_tokens, max_batch=u))
+                               else run_ours(sm, batch, m, max_new_tokens, max_batch=u, cached=cached))
         for m in methods:
             aggs = [sum(r["tokens"]) / r["wall"] for r in runs[m]]
             r = runs[m][sorted(range(len(aggs)), key=aggs.__getitem__)[len(aggs) // 2]]  # the median run
@@ -119,6 +216,30 @@ def measure(sm, users: list[int], methods: list[str], max_new_tokens: int, tasks
     return rows
 
 
+def _measure_conversations(sm, users, methods, max_new_tokens, convs, warmup, repeats, cached) -> list[dict]:
+    if warmup:
+        for m in methods:
+            run_conversations(sm, [c[:2] for c in convs[:2]], m, 8, 2, cached)
+    rows = []
+    for u in users:
+        runs: dict[str, list[dict]] = {m: [] for m in methods}
+        for rep in range(max(1, repeats)):
+            for m in (methods if rep % 2 == 0 else methods[::-1]):
+                runs[m].append(run_conversations(sm, convs[:u], m, max_new_tokens, u, cached))
+        for m in methods:
+            aggs = [sum(r["tokens"]) / r["wall"] for r in runs[m]]
+            r = runs[m][sorted(range(len(aggs)), key=aggs.__getitem__)[len(aggs) // 2]]
+            agg = sum(r["tokens"]) / r["wall"]
+            rows.append({"users": u, "method": m, "aggregate_tps": agg, "per_user_tps": agg / u,
+                         "tokens": sum(r["tokens"]), "wall": r["wall"], "tau": r["tau"], "mean_tree": r["tree"],
+                         "requests": u * len(convs[0]), "ttft": r["ttft"], "cached_share": r["cached_share"],
+                         "all_aggregate_tps": [round(a, 2) for a in aggs]})
+            print(f"[concurrency] {u:3d} users  {m:10s} aggregate {agg:7.1f} tok/s   per user {agg / u:6.2f} tok/s   "
+                  f"tau {r['tau']:.2f}   first token {1000 * r['ttft']:6.0f} ms   prompt cached "
+                  f"{100 * r['cached_share']:.0f}%", file=sys.stderr, flush=True)
+    return rows
+
+
 def table(rows: list[dict], methods: list[str]) -> str:
     users = sorted({r["users"] for r in rows})
     get = {(r["users"], r["method"]): r for r in rows}
@@ -131,6 +252,9 @@ def table(rows: list[dict], methods: list[str]) -> str:
              "|---|" + "---|" * len(methods) + ("---|---|" if both else "") + ("---|" if same else "")]
     for u in users:
         cells = [f"{get[(u, m)]['aggregate_tps']:.1f} ({get[(u, m)]['per_user_tps']:.2f})" for m in methods]
+        if "ttft" in get[(u, methods[0])]:  # conversations: how long a turn waits for its first token
+            cells = [f"{c}; first token {1000 * get[(u, m)]['ttft']:.0f} ms, "
+                     f"{100 * get[(u, m)]['cached_share']:.0f}% of prompts cached" for c, m in zip(cells, methods)]
         extra = ""
         if "auto" in methods and "ar" in methods:
             a, b = get[(u, "auto")], get[(u, "ar")]
@@ -156,16 +280,18 @@ def cmd_concurrency(args) -> int:
         raise DraftTreeError("--requests-per-user and --repeats must be positive")
     if args.requests_per_user > 1 and "hf-ar" in methods:
         raise DraftTreeError("hf-ar serves one padded batch: use it with --requests-per-user 1")
+    if args.turns <= 0:
+        raise DraftTreeError(f"--turns must be positive, got {args.turns}")
     sm = drafttree.SpeculativeModel.from_pretrained(args.model, dtype=args.dtype, device=args.device)
     rows = measure(sm, users, methods, args.max_new_tokens, tasks, args.data_dir,
-                   requests_per_user=args.requests_per_user, repeats=args.repeats, alone=args.alone)
+                   requests_per_user=args.requests_per_user, repeats=args.repeats, alone=args.alone, turns=args.turns)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     meta = {"command": "drafttree bench concurrency " + " ".join(sys.argv[3:]), "model": sm.target.name,
             "dtype": str(sm.target.dtype).replace("torch.", ""), "device": str(sm.target.device),
             "threads": torch.get_num_threads(), "max_new_tokens": args.max_new_tokens, "tasks": tasks,
             "auto_is": sm.method, "requests_per_user": args.requests_per_user, "repeats": args.repeats,
-            "alone": args.alone}
+            "alone": args.alone, "turns": args.turns}
     (out / "concurrency.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
     md = (f"`{meta['command']}` — {meta['model']}, {meta['dtype']}, {meta['device']}, {meta['threads']} threads, "
           f"{args.max_new_tokens} new tokens per request, {load_words(meta)}, T=0; auto = {sm.method}\n\n"
@@ -177,8 +303,10 @@ def cmd_concurrency(args) -> int:
 
 
 def load_words(meta: dict) -> str:
-    r, n = meta.get("requests_per_user", 1), meta.get("repeats", 1)
+    r, n, turns = meta.get("requests_per_user", 1), meta.get("repeats", 1), meta.get("turns", 1)
     load = "one burst (every user's request at once)" if r == 1 else f"steady load ({r} requests per user in turn)"
+    if turns > 1:
+        load = f"a conversation per user ({turns} turns, each sent when the last answer ends)"
     return load + (f", median of {n} interleaved runs" if n > 1 else "")
 
 
@@ -234,6 +362,9 @@ def add_parser(rsub) -> None:
     c.add_argument("--max-new-tokens", type=int, default=64)
     c.add_argument("--requests-per-user", type=int, default=1,
                    help="1: one burst; R > 1: each user sends R requests in turn (steady load)")
+    c.add_argument("--turns", type=int, default=1,
+                   help="N > 1: each user a conversation of N turns (questions with N+ turns, e.g. "
+                        "data/heldout/chat_turns.jsonl), the next turn sent when the last answer ends")
     c.add_argument("--repeats", type=int, default=1, help="runs per (users, method), interleaved; median reported")
     c.add_argument("--alone", action="store_true",
                    help="also serve auto's requests one at a time: the batch's gain on the same requests")
