@@ -373,6 +373,30 @@ def test_linear_kernel_variants_are_a_benchmark_option():
         R.method_parts("ar:prefix_cache=3")
 
 
+def test_concurrency_conversations_with_the_prefix_cache(tmp_path, capsys):
+    """``bench concurrency --turns N``: each user a conversation, its next turn sent when the last answer ends; with
+    ``METHOD:prefix_cache=true`` the later turns come from the pool (its share of the prompts printed)."""
+    from pathlib import Path
+
+    from drafttree.cli import main
+
+    chats = str(Path(__file__).resolve().parents[1] / "data" / "heldout" / "chat_turns.jsonl")
+    out = tmp_path / "turns"
+    rc = main(["bench", "concurrency", "--users", "1,2", "--turns", "3", "--tasks", chats, "--methods",
+               "ar,ar:prefix_cache=true", "--max-new-tokens", "6", "--dtype", "float32", "--threads", "2",
+               "--out", str(out)])
+    assert rc == 0
+    rows = {(r["users"], r["method"]): r for r in json.loads((out / "concurrency.json").read_text())["rows"]}
+    for u in (1, 2):
+        plain, cached = rows[(u, "ar")], rows[(u, "ar:prefix_cache=true")]
+        assert plain["requests"] == 3 * u and plain["tokens"] == cached["tokens"] <= 6 * 3 * u
+        assert plain["cached_share"] == 0 and cached["cached_share"] > 0.3 and cached["ttft"] > 0
+    assert "a conversation per user (3 turns" in (out / "concurrency.md").read_text()
+    assert main(["bench", "concurrency", "--users", "20", "--turns", "3", "--tasks", chats, "--methods", "ar",
+                 "--dtype", "float32", "--out", str(tmp_path / "x")]) != 0
+    assert "20 users need 20" in capsys.readouterr().err
+
+
 def test_concurrency_steady_load_with_repeats(tmp_path, capsys):
     """``bench concurrency``: U users x R requests served U at a time, methods interleaved, the median run
     reported with every run's figure; hf-ar (one padded batch) refuses a steady load."""
