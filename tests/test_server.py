@@ -632,6 +632,18 @@ def test_serve_subcommand_is_registered():
     assert args.port == 0 and args.method == "lookup" and args.host == "127.0.0.1" and callable(args.func)
 
 
+@pytest.mark.parametrize("argv,msg", [
+    (["--prefix-cache-tokens", "100"], "it needs --enable-prefix-caching"),
+    (["--enable-prefix-caching", "--prefix-cache-tokens", "0"], "--prefix-cache-tokens must be > 0"),
+])
+def test_serve_prefix_cache_flags_fail_before_loading(capsys, argv, msg):
+    from drafttree.cli import main
+
+    assert main(["serve", "--port", "0", *argv]) == 2
+    err = capsys.readouterr().err
+    assert msg in err and err.count("\n") == 1
+
+
 def test_other_commands_work_without_the_web_stack_and_serve_names_what_is_missing():
     import subprocess
     import sys

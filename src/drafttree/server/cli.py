@@ -30,6 +30,10 @@ def cmd_serve(args) -> int:
         raise DraftTreeError(f"--max-batch and --max-queue must be > 0, got {args.max_batch} and {args.max_queue}")
     from drafttree.server.tools import PARSERS
 
+    if args.prefix_cache_tokens is not None and not args.enable_prefix_caching:
+        raise DraftTreeError("--prefix-cache-tokens sizes the prefix cache: it needs --enable-prefix-caching")
+    if args.prefix_cache_tokens is not None and args.prefix_cache_tokens <= 0:
+        raise DraftTreeError(f"--prefix-cache-tokens must be > 0, got {args.prefix_cache_tokens}")
     if args.enable_auto_tool_choice and args.tool_call_parser is None:
         raise DraftTreeError(f"--enable-auto-tool-choice needs --tool-call-parser ({', '.join(PARSERS)})")
     api_key = args.api_key or os.environ.get("DRAFTTREE_API_KEY") or None
@@ -42,6 +46,8 @@ def cmd_serve(args) -> int:
     )
     if args.batch_invariant:
         sm.batch_target().batch_invariant = True
+    if args.prefix_cache_tokens is not None:
+        sm.batch_target().pool.max_tokens = args.prefix_cache_tokens
     app = create_app(sm, api_key=api_key, max_batch=args.max_batch, max_queue=args.max_queue,
                      tool_parser=args.tool_call_parser)
     dtype = str(sm.target.dtype).replace("torch.", "")
@@ -91,6 +97,9 @@ def add_parser(sub) -> None:
                         "shared system prompt), as vLLM's flag: those compute only the rest; usage then reports "
                         "prompt_tokens_details.cached_tokens. A reused prefix's logits may differ from a fresh "
                         "prefill's in the last bits")
+    s.add_argument("--prefix-cache-tokens", type=int, default=None,
+                   help="tokens the prefix cache keeps at most, least recently used out first (default 32768; each "
+                        "token holds every layer's keys and values: ~23 KB for SmolLM2-135M in bf16)")
     s.add_argument("--tool-call-parser", choices=PARSERS, default=None,
                    help="tool_choice 'auto' (the default with tools) reads the model's calls in this format (hermes: "
                         "<tool_call> blocks, as Qwen2.5, Hermes and SmolLM2 write them; llama3_json: Llama 3's JSON "
