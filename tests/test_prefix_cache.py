@@ -76,6 +76,20 @@ def test_the_common_prefix_is_kept_wherever_the_prompts_part():
     assert off.reused == 0 and off.prefix is None
 
 
+def test_a_short_prefix_of_a_long_prompt_is_computed_afresh():
+    """The rest of a prompt runs on the tree path, dearer per token than a prompt's own: a prefix is kept only where
+    the rest is short or the prefix a large enough share."""
+    model = tiny_causal_lm("llama", vocab=50, seed=9)
+    tm = TargetModel(model, keep_prefix=True)
+    a = _ids(80, 5)
+    tm.prefill(a)
+    tm.prefill(torch.cat([a[:10], _ids(190, 6)]))  # 10 of 200 in common, 190 to run
+    assert tm.reused == 0
+    tm.prefill(a)
+    tm.prefill(torch.cat([a[:70], _ids(130, 7)]))  # 70 of 200: a third
+    assert tm.reused == 70
+
+
 def test_uncommitted_tree_slots_are_never_reused():
     model = tiny_causal_lm("qwen2", vocab=50, seed=5)
     tm = TargetModel(model, keep_prefix=True)
