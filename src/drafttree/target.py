@@ -226,8 +226,8 @@ class TargetModel:
         return ForwardOutput(logits=self.logits(head_in), features=features)
 
     # The rest of a prompt runs as a tree does (a 4-D mask, the tree-attention path), which costs more per token than
-    # a prompt's own path (measured here, bf16: 643 tokens after a 28-token prefix took 1.3x a fresh prefill of all
-    # 671; 87 after 24, 0.88x); so a prefix is kept when the rest is short or the prefix is a large enough share.
+    # a prompt's own path (logs/s61_rest_vs_fresh.py, bf16 here: 643 tokens after a 28-token prefix took 1.39x a fresh
+    # prefill of all 671; 87 after 24, 0.85x); so a prefix is kept when the rest is short or a large enough share.
     REST_ANYWAY = 128
     REUSE_SHARE = 0.3
 
