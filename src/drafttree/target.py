@@ -97,11 +97,13 @@ class CommittedPrefix:
         old = self._feats
         if old is not None and (old.shape[1:] != feats.shape[1:] or old.dtype != feats.dtype
                                 or old.device != feats.device):
-            self.ids, old = [], None  # features of another kind (the model moved or re-cast): nothing is reusable
+            # features of another kind (the model moved or re-cast): the positions held so far keep their place but
+            # match no token (-1), so nothing before is reused
+            self.ids, old = [-1] * len(self.ids), None
         n, need = len(self.ids), len(self.ids) + len(ids)
         if old is None or need > old.shape[0]:
-            self._feats = feats.new_empty(max(need + 64, 2 * need), *feats.shape[1:])
-            if n:
+            self._feats = feats.new_zeros(max(need + 64, 2 * need), *feats.shape[1:])
+            if n and old is not None:
                 self._feats[:n] = old[:n]
         self._feats[n:need] = feats
         self.ids.extend(ids)
@@ -255,7 +257,8 @@ class TargetModel:
         features = feats if aux is None else aux
         self.prefix.append(rest[0].tolist(), features)
         self.length = p + s
-        return ForwardOutput(logits=self.logits(feats[-1:]), features=self.prefix.features(p + s))
+        # a copy: the prefix's buffer is written again by later prefills, the drafters may keep what they are handed
+        return ForwardOutput(logits=self.logits(feats[-1:]), features=self.prefix.features(p + s).clone())
 
     @torch.inference_mode()
     def forward_tree(self, tokens: torch.Tensor, depths: torch.Tensor, ancestors: torch.Tensor) -> ForwardOutput:
@@ -330,6 +333,11 @@ class TargetModel:
         self.length, self._pending = n, 0
         self.prefix = CommittedPrefix()
         self.prefix.append(list(ids), features[:n])
+
+    def keep_prefix(self, on: bool) -> None:
+        """Remember what the cache holds from now on (or not): see the class; the cache is dropped either way."""
+        self.forget()
+        self.prefix = CommittedPrefix() if on else None
 
     def forget(self) -> None:
         """Drop the cache and what it holds (the next prefill starts from nothing)."""

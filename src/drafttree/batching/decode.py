@@ -121,7 +121,7 @@ class BatchDecoder:
             seq.drafter.begin(seq.prompt_ids, pre.features, root)
             st = seq.stats
             st.cached_tokens = cached
-            seq.features = [pre.features] if keep else None
+            seq.features = [pre.features.clone()] if keep else None  # not a view that keeps a packed prefill's alive
             st.time_prefill = st.wall_time = spent + time.perf_counter() - t1  # every newcomer waits for the forward
             st.target_forwards = 1
             st.accept_lengths.append(1)

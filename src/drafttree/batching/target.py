@@ -105,20 +105,18 @@ class BatchTarget:
     def _add_one(self, ids: torch.Tensor, room: int, need: tuple[int, int] | None,
                  hit: tuple[PrefixEntry, int] | None) -> ForwardOutput:
         """Prefill one prompt alone (on a copy of the pool entry's first ``p`` states for a ``hit``) as the last row."""
-        if hit is not None:
-            entry, p = hit
-            self.single.load_prefix(entry.ids[:p], entry.states, entry.features, room=ids.numel() - p)
         try:
+            if hit is not None:
+                entry, p = hit
+                self.single.load_prefix(entry.ids[:p], entry.states, entry.features, room=ids.numel() - p)
             out = self.single.prefill(ids)
-        except BaseException:
-            self.single.forget()
-            raise
-        rows_for, slots_for = need or self._room([self.single.length], [room])
-        if self.cache is None:
-            self.cache = GrowingCache()
-        self.cache.add_row(self.single.cache, rows_for=rows_for, slots_for=slots_for)
-        self.lens.append(self.single.length)
-        self.single.forget()
+            rows_for, slots_for = need or self._room([self.single.length], [room])
+            if self.cache is None:
+                self.cache = GrowingCache()
+            self.cache.add_row(self.single.cache, rows_for=rows_for, slots_for=slots_for)
+            self.lens.append(self.single.length)
+        finally:
+            self.single.forget()  # what a newcomer's prefill leaves behind is never another's prefix
         return out
 
     @torch.inference_mode()

@@ -57,7 +57,10 @@ def model_for(sm, spec: str, cached: dict):
     """(the model that serves ``spec``, its method and options): ``prefix_cache=true`` is a model of its own over the
     same weights whose batches keep finished rows' states (``cached`` holds it once made)."""
     method, options = parse_method(spec)
-    if not options.pop("prefix_cache", False):
+    cache = options.pop("prefix_cache", False)
+    if cache not in (True, False):
+        raise DraftTreeError(f"prefix_cache={cache!r} in {spec!r}: choose true or false")
+    if not cache:
         return sm, method, options
     if "sm" not in cached:
         from drafttree.api import SpeculativeModel

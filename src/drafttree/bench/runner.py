@@ -160,7 +160,7 @@ class BenchRunner:
         self.lm = SpeculativeModel(target, method="ar", draft=draft, head=head)
         # the prefix_cache=true variants' model: the same weights, a cache kept between a conversation's turns
         self.cached_lm = SpeculativeModel(target, method="ar", draft=draft, head=head, prefix_cache=True) \
-            if any(m not in HF_METHODS and method_parts(m).prefix_cache for m in wanted) else None
+            if any(m not in HF_METHODS and parse_method(m)[1].get("prefix_cache") is True for m in wanted) else None
         self.methods = []
         for m in wanted:
             if m in self.skipped:

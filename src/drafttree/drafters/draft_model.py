@@ -54,7 +54,7 @@ class DraftLMState:
     """
 
     def __init__(self, draft_model: torch.nn.Module, target_vocab: int):
-        self.lm = TargetModel(draft_model, keep_prefix=True)
+        self.lm = TargetModel(draft_model)
         self.rows = self.lm.model.get_input_embeddings().weight.shape[0]
         self.vocab = min(target_vocab, self.lm.lm_head.weight.shape[0])
         self.fed = 0  # context tokens held by the draft's committed cache
@@ -70,7 +70,8 @@ class DraftLMState:
     def keep(self, on: bool) -> None:
         """Keep the cache between generations from now on (or not); what it holds now is dropped."""
         self.keep_prefix = bool(on)
-        self.lm.cache, self.fed = None, 0
+        self.lm.keep_prefix(self.keep_prefix)
+        self.fed = 0
 
     def _ids(self, tokens: list[int]) -> torch.Tensor:
         """Token ids the draft has no embedding for (the target's extra rows) are read as id 0."""
