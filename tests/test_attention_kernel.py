@@ -187,6 +187,22 @@ def test_prompt_attention_is_as_close_to_float64_as_torchs(T, heads, kv_heads, D
 
 
 @needs_prompt_kernel
+@pytest.mark.parametrize("L,T", [(130, 1), (130, 57), (300, 200), (97, 96), (64, 64)])
+def test_the_rest_of_a_prompt_gets_the_bits_of_a_prefill_of_the_whole(L, T):
+    """Queries that are the last T of L positions (a prompt's rest after a cached prefix): each gets exactly what a
+    prefill of all L positions gives it, and that is float64's causal attention within bf16's error."""
+    g = torch.Generator().manual_seed(L + T)
+    q = torch.randn(L, 9, 64, generator=g).bfloat16()
+    k, v = torch.randn(2, 3, L, 64, generator=g).bfloat16()
+    whole = ext.prompt_attention(q, k, v, 0.125)
+    rest = ext.prompt_attention(q[L - T:].contiguous(), k, v, 0.125)
+    assert torch.equal(rest, whole[L - T:])
+    assert (rest.double() - causal_reference(q, k, v, 0.125)[L - T:]).abs().max() < 0.05
+    with pytest.raises(RuntimeError, match="prompt_attention"):
+        ext.prompt_attention(q, k[:, : L - 1], v[:, : L - 1], 0.125)  # fewer keys than queries
+
+
+@needs_prompt_kernel
 def test_prompt_attention_never_reads_the_future_and_rows_are_independent():
     g = torch.Generator().manual_seed(1)
     q = torch.randn(130, 9, 64, generator=g).bfloat16()

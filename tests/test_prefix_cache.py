@@ -86,8 +86,8 @@ def test_a_short_prefix_of_a_long_prompt_is_computed_afresh():
     tm.prefill(torch.cat([a[:10], _ids(190, 6)]))  # 10 of 200 in common, 190 to run
     assert tm.reused == 0
     tm.prefill(a)
-    tm.prefill(torch.cat([a[:70], _ids(130, 7)]))  # 70 of 200: a third
-    assert tm.reused == 70
+    tm.prefill(torch.cat([a[:25], _ids(175, 7)]))  # 25 of 200: an eighth
+    assert tm.reused == 25
 
 
 def test_uncommitted_tree_slots_are_never_reused():

@@ -105,22 +105,54 @@ def _prompt_rows(module, query, key, value, prompts: PromptRows, dropout, scalin
     return torch.cat(outs, dim=1), None
 
 
-def _causal_prompt(module, query, key, value, dropout, scaling, kwargs):
-    """A prompt's causal attention over its own keys (one sequence, as many keys as queries, no mask): the AVX-512
-    bf16 kernel where it runs (``kernels/prompt_attention.cpp``: 2-3.5x torch's flash kernel on long prompts), else
-    torch's. Prompts prefilled alone and packed together both come here, so they get the same bits."""
-    ext = None
+def _prompt_kernel(module, query, key, value, dropout, kwargs):
+    """The prompt-attention kernel if it takes this call (one sequence, bf16 on AVX-512 bf16, plain causal softmax,
+    at least as many keys as queries), else None."""
     if (query.device.type == "cpu" and query.dtype == torch.bfloat16 and key.dtype == value.dtype == query.dtype
-            and query.shape[0] == key.shape[0] == 1 and query.shape[2] == key.shape[2] and not dropout
+            and query.shape[0] == key.shape[0] == 1 and query.shape[2] <= key.shape[2] and not dropout
             and key.shape[1] > 0 and query.shape[1] % key.shape[1] == 0 and query.shape[-1] % 32 == 0
             and key.stride(-1) == 1 and value.stride(-1) == 1 and getattr(module, "is_causal", True)
             and all(kwargs.get(k) is None for k in ("softcap", "position_bias", "s_aux", "sinks", "sliding_window"))):
         ext = kernel_for(query.device, query.dtype)
-    if ext is None or not getattr(ext, "prompt_attention_ready", False):
+        if ext is not None and getattr(ext, "prompt_attention_ready", False):
+            return ext
+    return None
+
+
+def _causal_prompt(module, query, key, value, dropout, scaling, kwargs):
+    """A prompt's causal attention over its own keys (one sequence, as many keys as queries, no mask): the AVX-512
+    bf16 kernel where it runs (``kernels/prompt_attention.cpp``: 2-3.5x torch's flash kernel on long prompts), else
+    torch's. Prompts prefilled alone and packed together both come here, so they get the same bits."""
+    ext = _prompt_kernel(module, query, key, value, dropout, kwargs) if query.shape[2] == key.shape[2] else None
+    if ext is None:
         return sdpa_attention_forward(module, query, key, value, None, dropout=dropout, scaling=scaling, **kwargs)
     scale = scaling if scaling is not None else query.shape[-1] ** -0.5
     out = ext.prompt_attention(query[0].transpose(0, 1).contiguous(), key[0], value[0], scale)  # [T, H, D]
     return out.unsqueeze(0), None
+
+
+def _prompt_rest(module, query, key, value, dropout, scaling, kwargs):
+    """The rest of a prompt after a cached prefix, causal over the prefix and itself, on the prompt kernel (the
+    queries are the last of the keys' positions: the bits a prefill of the whole prompt gives those queries over the
+    same keys); None where the kernel does not take it (the call's own 4-D mask then applies)."""
+    ext = _prompt_kernel(module, query, key, value, dropout, kwargs)
+    if ext is None:
+        return None
+    scale = scaling if scaling is not None else query.shape[-1] ** -0.5
+    out = ext.prompt_attention(query[0].transpose(0, 1).contiguous(), key[0], value[0], scale)  # [T, H, D]
+    return out.unsqueeze(0), None
+
+
+@contextlib.contextmanager
+def prompt_rest(tokens: int):
+    """Inside the block, a forward of ``tokens`` queries over a cache that holds more keys is the rest of a prompt
+    (causal over every key before it, as its 4-D mask says): its attention may take the prompt kernel."""
+    old = getattr(_local, "rest", None)
+    _local.rest = tokens
+    try:
+        yield
+    finally:
+        _local.rest = old
 
 
 def _packed(module, query, key, value, attention_mask, runs: list[RowRun], **kwargs):
@@ -180,6 +212,11 @@ def grouped_sdpa(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor
             outs.append(grouped_sdpa(module, query[:, :, t0:t0 + t], k, v, m, dropout, scaling, **kwargs)[0])
             t0 += t
         return torch.cat(outs, dim=1), None
+    rest = getattr(_local, "rest", None)
+    if rest is not None and query.shape[2] == rest < key.shape[2]:
+        out = _prompt_rest(module, query, key, value, dropout, scaling, kwargs)
+        if out is not None:
+            return out
     prompts = getattr(_local, "prompts", None)
     if (prompts is not None and query.shape[0] == 1 and key.shape[0] == prompts.first + len(prompts.starts) - 1
             and query.shape[2] == prompts.starts[-1]):

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import torch
 from transformers import DynamicCache
 
-from drafttree.attention import grouped_attention
+from drafttree.attention import grouped_attention, prompt_rest
 from drafttree.cache import GrowingCache, cache_arg
 from drafttree.errors import DraftTreeError
 from drafttree.kernels import fast_linears
@@ -227,11 +227,12 @@ class TargetModel:
         head_in = feats if logits_for == "all" else feats[-1:]
         return ForwardOutput(logits=self.logits(head_in), features=features)
 
-    # The rest of a prompt runs as a tree does (a 4-D mask, the tree-attention path), which costs more per token than
-    # a prompt's own path (logs/s61_rest_vs_fresh.py, bf16 here: 643 tokens after a 28-token prefix took 1.39x a fresh
-    # prefill of all 671; 87 after 24, 0.85x); so a prefix is kept when the rest is short or a large enough share.
+    # The rest of a prompt runs with a 4-D mask; in bf16 on AVX-512 bf16 its attention is the prompt kernel's (as a
+    # fresh prefill's: attention.prompt_rest), elsewhere torch's with that mask, a little dearer per token than a
+    # prompt's own path (logs/s61_rest_vs_fresh.py, float32 here: 643 tokens after a 28-token prefix 1.04x a fresh prefill of
+    # all 671; bf16 0.90x), so a prefix is kept where the rest is short or the prefix is not a sliver of the prompt.
     REST_ANYWAY = 128
-    REUSE_SHARE = 0.3
+    REUSE_SHARE = 0.1
 
     def _reusable(self, ids: torch.Tensor, n: int) -> int:
         """Prompt tokens the cache already holds and that pay to keep (at most n - 1: the last one's logits are
@@ -249,10 +250,11 @@ class TargetModel:
         s = rest.shape[1]
         positions = torch.arange(p, p + s, device=self.device)
         causal = torch.tril(torch.ones(s, s, dtype=torch.bool, device=self.device))
-        out, aux = self._run(
-            input_ids=rest, attention_mask=self._masks(causal, positions, positions), position_ids=positions[None],
-            use_cache=True, **{cache_arg(self.base): self.cache},
-        )
+        with prompt_rest(s):  # bf16 on AVX-512 bf16: the prompt kernel, as a fresh prefill's attention
+            out, aux = self._run(
+                input_ids=rest, attention_mask=self._masks(causal, positions, positions),
+                position_ids=positions[None], use_cache=True, **{cache_arg(self.base): self.cache},
+            )
         feats = out.last_hidden_state[0]
         features = feats if aux is None else aux
         self.prefix.append(rest[0].tolist(), features)

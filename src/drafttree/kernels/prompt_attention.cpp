@@ -109,22 +109,25 @@ struct Scratch {
 
 bool prompt_attention_ready() { return true; }
 
-// q [T, H, D] bf16 contiguous; k, v [Hkv, T, D] bf16 (any strides but a contiguous D); H a multiple of Hkv, D of 32.
-// Query t attends keys 0..t. Returns [T, H, D] bf16.
+// q [T, H, D] bf16 contiguous; k, v [Hkv, L, D] bf16 (any strides but a contiguous D), L >= T: the queries are the
+// last T of the L positions (L > T: the rest of a prompt after a cached prefix); H a multiple of Hkv, D of 32.
+// Query t attends keys 0..L - T + t. Returns [T, H, D] bf16. Key blocks start at key 0 whatever T, so a query gets the
+// bits it gets in a prefill of all L positions.
 torch::Tensor prompt_attention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v, double scale) {
   TORCH_CHECK(q.dim() == 3 && k.dim() == 3 && v.sizes() == k.sizes() && q.scalar_type() == torch::kBFloat16 &&
               k.scalar_type() == torch::kBFloat16 && v.scalar_type() == torch::kBFloat16 && q.is_contiguous() &&
-              k.size(1) == q.size(0) && k.size(2) == q.size(2) && q.size(2) % 32 == 0 && k.size(0) > 0 &&
+              k.size(1) >= q.size(0) && k.size(2) == q.size(2) && q.size(2) % 32 == 0 && k.size(0) > 0 &&
               q.size(1) % k.size(0) == 0 && k.stride(2) == 1 && v.stride(2) == 1,
-              "prompt_attention: q [T, H, D], k and v [Hkv, T, D], bf16, D a multiple of 32");
+              "prompt_attention: q [T, H, D], k and v [Hkv, L >= T, D], bf16, D a multiple of 32");
   const int64_t T = q.size(0), H = q.size(1), D = q.size(2), Hkv = k.size(0), G = H / Hkv;
+  const int64_t L = k.size(1), P = L - T;  // keys, and the positions before the first query
   auto out = torch::empty_like(q);
   const BF16* qd = q.data_ptr<BF16>();
   const BF16* kd = k.data_ptr<BF16>();
   const BF16* vd = v.data_ptr<BF16>();
   BF16* od = out.data_ptr<BF16>();
   const int64_t ks_h = k.stride(0), ks_t = k.stride(1), vs_h = v.stride(0), vs_t = v.stride(1);
-  const int64_t blocks = (T + QB - 1) / QB, items = blocks * Hkv, kblocks = (T + KB - 1) / KB;
+  const int64_t blocks = (T + QB - 1) / QB, items = blocks * Hkv, kblocks = (L + KB - 1) / KB;
   const float sc = static_cast<float>(scale);
   // every block of 64 keys packed once, for all the query blocks that read it: keys as [D / 2][64][2], values as
   // [32][D][2] (missing keys zero)
@@ -133,7 +136,7 @@ torch::Tensor prompt_attention(const torch::Tensor& q, const torch::Tensor& k, c
   BF16* vpack = packed[1].data_ptr<BF16>();
   at::parallel_for(0, Hkv * kblocks, 1, [&](int64_t b0, int64_t b1) {
     for (int64_t bi = b0; bi < b1; ++bi) {
-      const int64_t h = bi / kblocks, k0 = (bi % kblocks) * KB, nk = std::min<int64_t>(KB, T - k0);
+      const int64_t h = bi / kblocks, k0 = (bi % kblocks) * KB, nk = std::min<int64_t>(KB, L - k0);
       BF16* kp = kpack + bi * KB * D;
       BF16* vp = vpack + bi * KB * D;
       for (int64_t j = 0; j < KB; ++j) {
@@ -163,7 +166,7 @@ torch::Tensor prompt_attention(const torch::Tensor& q, const torch::Tensor& k, c
 #pragma omp for schedule(dynamic, 1)
     for (int64_t item = 0; item < items; ++item) {
       const int64_t h = item % Hkv, b = blocks - 1 - item / Hkv;
-      const int64_t t0 = b * QB, nq = std::min<int64_t>(QB, T - t0), rows = nq * G, keys = t0 + nq;
+      const int64_t t0 = b * QB, nq = std::min<int64_t>(QB, T - t0), rows = nq * G, keys = P + t0 + nq;
       for (int64_t t = 0; t < nq; ++t)  // row t * G + g: query t0 + t of head h * G + g
         for (int64_t g = 0; g < G; ++g) w.q[t * G + g] = qd + ((t0 + t) * H + h * G + g) * D;
       std::fill(w.o.begin(), w.o.begin() + rows * D, 0.0f);
@@ -178,7 +181,7 @@ torch::Tensor prompt_attention(const torch::Tensor& q, const torch::Tensor& k, c
                       w.s.data() + r0 * KB);
         // online softmax: each row's running maximum, sum and output rescaled; its probabilities to bf16
         for (int64_t r = 0; r < rows; ++r) {
-          const int64_t t = t0 + r / G, visible = std::min<int64_t>(nk, t - k0 + 1);  // keys k0 .. t
+          const int64_t t = t0 + r / G, visible = std::min<int64_t>(nk, P + t - k0 + 1);  // keys k0 .. P + t
           float* s = w.s.data() + r * KB;
           const __mmask16 none = 0;
           __m512 sv[4];
