@@ -1,8 +1,11 @@
 """Diagnostic: a prompt's rest after a prefix another prefill left (the chat template's system prompt), against a fresh
 prefill of it: are the logits and features bitwise equal (bf16)? Usage: python logs/s61_rest_bits.py"""
-import torch, drafttree
-from drafttree.target import TargetModel
+import torch
+
+import drafttree
 from drafttree.bench.tasks import load_tasks
+from drafttree.target import TargetModel
+
 torch.set_num_threads(2)
 TargetModel.REST_ANYWAY, TargetModel.REUSE_SHARE = 10**9, 0.0
 lm = drafttree.load_model("smollm2-135m-instruct", dtype="bfloat16", show_progress=False)

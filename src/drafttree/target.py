@@ -229,8 +229,8 @@ class TargetModel:
 
     # The rest of a prompt runs with a 4-D mask; in bf16 on AVX-512 bf16 its attention is the prompt kernel's (as a
     # fresh prefill's: attention.prompt_rest), elsewhere torch's with that mask, a little dearer per token than a
-    # prompt's own path (logs/s61_rest_vs_fresh.py, float32 here: 643 tokens after a 28-token prefix 1.04x a fresh prefill of
-    # all 671; bf16 0.90x), so a prefix is kept where the rest is short or the prefix is not a sliver of the prompt.
+    # prompt's own path (logs/s61_rest_vs_fresh.py, float32 here: 643 tokens after a 28-token prefix 1.04x a fresh
+    # prefill of all 671; bf16 0.90x), so a prefix is kept where the rest is short or the prefix is not a sliver.
     REST_ANYWAY = 128
     REUSE_SHARE = 0.1
 
