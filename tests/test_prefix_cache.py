@@ -219,3 +219,6 @@ def test_batched_chat_turns_with_the_prefix_cache_are_lossless(default_fp32):
     for conv, res in zip(convs, results):
         assert res.tokens == plain.generate(conv, max_new_tokens=24).tokens
         assert res.cached_tokens > 30, "the conversation so far came from the pool"
+    cached.forget_prefix()
+    assert not cached.batch_target().pool.entries
+    assert all(r.cached_tokens == 0 for r in cached.generate(convs, max_new_tokens=4))

@@ -189,9 +189,11 @@ class SpeculativeModel:
         return method
 
     def forget_prefix(self) -> None:
-        """Drop what the prefix cache holds (the target's and every draft LM's): the next prompt is computed whole,
-        as by a model just loaded."""
+        """Drop what the prefix cache holds (the target's, every draft LM's and the batches' pool): the next prompt is
+        computed whole, as by a model just loaded."""
         self._runner.forget()
+        if self._batch_target is not None and self._batch_target.pool is not None:
+            self._batch_target.pool.clear()
         for d in self._drafters.values():
             d.keep_prefix(self.prefix_cache)
 
