@@ -126,6 +126,10 @@ def _causal_prompt(module, query, key, value, dropout, scaling, kwargs):
     ext = _prompt_kernel(module, query, key, value, dropout, kwargs) if query.shape[2] == key.shape[2] else None
     if ext is None:
         return sdpa_attention_forward(module, query, key, value, None, dropout=dropout, scaling=scaling, **kwargs)
+    return _on_prompt_kernel(ext, query, key, value, scaling)
+
+
+def _on_prompt_kernel(ext, query, key, value, scaling):
     scale = scaling if scaling is not None else query.shape[-1] ** -0.5
     out = ext.prompt_attention(query[0].transpose(0, 1).contiguous(), key[0], value[0], scale)  # [T, H, D]
     return out.unsqueeze(0), None
@@ -136,11 +140,7 @@ def _prompt_rest(module, query, key, value, dropout, scaling, kwargs):
     queries are the last of the keys' positions: the bits a prefill of the whole prompt gives those queries over the
     same keys); None where the kernel does not take it (the call's own 4-D mask then applies)."""
     ext = _prompt_kernel(module, query, key, value, dropout, kwargs)
-    if ext is None:
-        return None
-    scale = scaling if scaling is not None else query.shape[-1] ** -0.5
-    out = ext.prompt_attention(query[0].transpose(0, 1).contiguous(), key[0], value[0], scale)  # [T, H, D]
-    return out.unsqueeze(0), None
+    return None if ext is None else _on_prompt_kernel(ext, query, key, value, scaling)
 
 
 @contextlib.contextmanager
