@@ -262,6 +262,40 @@ def test_batched_head_pass_is_lossless(shipped, references):
     assert passes.passes > 10 and head_accepts > 0
 
 
+def test_batched_rows_packed_on_a_stepped_curve_are_lossless(shipped, references, monkeypatch):
+    """Three rows on a curve with a free slot past their roots and a step at the 5th token (as AMX tiles step at the
+    17th): each round the batch verifies its best node over all rows and the other rows' trees shrink to their roots
+    (HybridDrafter.shrink, counted); every row equals plain decoding, and drafts are accepted."""
+    from drafttree.accept import Sampling
+    from drafttree.batching import BatchDecoder, Sequence
+    from drafttree.budget import CostModel
+    from drafttree.drafters import make_drafter
+    from drafttree.drafters.hybrid import HybridDrafter
+
+    shrinks: list[int] = []
+    real = HybridDrafter.shrink
+
+    def counted(self, nodes):
+        shrinks.append(nodes)
+        return real(self, nodes)
+
+    monkeypatch.setattr(HybridDrafter, "shrink", counted)
+    sm = shipped
+    dec = BatchDecoder(sm.batch_target(), CostModel([1, 4, 5, 8, 96], [1.0, 1.0, 3.0, 3.5, 60.0]))
+    dec.measure_excess = False  # the curve as written
+    picks = [2, 3, 8]  # a sentence repeated, code rewritten, JSON copied: the n-grams draft
+    seqs = [Sequence(sm.encode_prompt(PROMPTS[i]), make_drafter("hybrid", sm.target, None, sm.head), Sampling(),
+                     MAX_NEW, frozenset(sm.eos_ids)) for i in picks]
+    dec.add_many(seqs)
+    while dec.rows:
+        dec.step()
+    for s, i in zip(seqs, picks):
+        assert s.tokens == references[i]
+    together = min(len(s.stats.tree_sizes) for s in seqs)  # the rounds all three rows shared
+    assert all(sum(s.stats.tree_sizes[j] - 1 for s in seqs) <= 1 for j in range(together))
+    assert len(shrinks) > 10 and max(s.tau for s in seqs) > 1.2
+
+
 def test_batched_rows_with_their_own_lengths_and_cancellation(shipped, references):
     """Rows finishing at different lengths, one cancelled mid-way: the others are unaffected."""
     from drafttree.accept import Sampling

@@ -26,7 +26,11 @@ from drafttree.kernels import kernel_key, torch_linears
 from drafttree.kernels.memory import huge_page_bytes
 from drafttree.paths import calibration_dir
 
-SIZES = [1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 96]
+# 17, 33 and 65: one past a multiple of 16, where a CPU's AMX tiles (16 rows each) take one more block of rows: there
+# 17 tokens cost about what 32 do (stop 62's Xeon: 16 tokens 28.7 ms, 24 39.8, 32 43.2), and a curve through 16 and 24
+# alone read the 17th token as costing an eighth of the step it does (a batch of 16 rows verified drafts that could
+# not pay). Elsewhere the extra points only sample the curve more finely.
+SIZES = [1, 2, 4, 8, 12, 16, 17, 24, 32, 33, 48, 64, 65, 96]
 
 
 @dataclass
@@ -146,6 +150,9 @@ class BatchShare:
     # 16-token tree on this CPU), and ``per_node`` seconds each of this row's nodes adds by attending over its context
     fixed: float = 0.0
     per_node: float = 0.0
+    # the batch keeps the best nodes over every row (BatchDecoder's packing): a drafter that can rank its nodes
+    # (Drafter.ranked) offers every node that could pay on its own (above the batch's bar), not a tree sized here
+    packed: bool = False
 
     @property
     def extra_tokens(self) -> float:
@@ -224,7 +231,7 @@ def least_slope(cost, n_max: int) -> float:
 
 # bump when the verify path or the measurement changes (2: grouped tree attention, 3: small-GEMM kernel, 4: cost per
 # context token, 5: the fastest of paired timings instead of the median, 6: the decoder stack's loop, model_loop.py)
-CURVE_VERSION = "6"
+CURVE_VERSION = "7"  # 7: SIZES with 17, 33, 65
 
 
 def _key(runner, name: str) -> str:

@@ -158,6 +158,9 @@ class BatchDecoder:
         return [(s, []) for s in cancelled]
 
     measure_excess = True  # False: batched rows size trees on the curve alone (the rule until stop 55)
+    # the batch keeps the best nodes over every row's offer (pack_counts); rows whose drafter does not rank its nodes,
+    # or is told not to (auto:batch_pack=false), size their own trees on their share as before
+    pack = True
     EXCESS_DECAY = 0.8
 
     def _measure_excess(self, seconds: float, tokens: int, rows: int) -> None:
@@ -182,6 +185,19 @@ class BatchDecoder:
                 where.append(i)
         spent = self.head_batch.draft(parts, len(rows)) if parts else 0.0
         return {i: spent / len(where) for i in where} if spent else {}
+
+    def _pack(self, rows: list[Sequence], trees: list[DraftTree], plans: list, fixed: float) -> list[DraftTree]:
+        """Keep the best draft nodes over all rows (:func:`pack_counts`); each row that ranked its nodes shrinks to
+        its share of them. One row's tree alone seldom pays for a forward's next block of rows (AMX tiles: 16), while
+        the batch's best nodes together may, and a batch short of a block fills it nearly free."""
+        ranked = [s.drafter.ranked() if t.size > 1 else None for s, t in zip(rows, trees)]
+        if not any(r for r in ranked):
+            return trees
+        counts = pack_counts(ranked, [t.size for t in trees], [t.expected_accept or 0.0 for t in trees],
+                             lambda n: self.cost.verify_in_batch(n) + fixed,
+                             [getattr(p[0], "per_node", 0.0) for p in plans])
+        return [t if r is None or k >= t.size - 1 else s.drafter.shrink(k).to(self.target.device)
+                for s, t, r, k in zip(rows, trees, ranked, counts)]
 
     @torch.inference_mode()
     def step(self) -> list[tuple[Sequence, list[int]]]:
@@ -209,7 +225,7 @@ class BatchDecoder:
         for i, seq in enumerate(rows):
             batched = self.cost is not None and len(rows) > 1
             cost = (BatchShare(self.cost, total - sizes[i], len(rows), float(all_committed - committed[i]), fixed,
-                               per_key * max(0, tgt.lens[i] - past)) if batched else None)
+                               per_key * max(0, tgt.lens[i] - past), packed=self.pack) if batched else None)
             depth = min(seq.max_new_tokens - seq.stats.new_tokens - 1, tgt.max_positions - tgt.lens[i] - 2)
             plans.append((cost, max(0, depth)))
         pass_share = self._head_pass(rows, plans) if drafting else {}
@@ -226,6 +242,10 @@ class BatchDecoder:
                 raise RuntimeError(f"drafter {seq.drafter.name} proposed depth {tree.max_depth} > {req.max_depth}")
             trees.append(tree)
             draft_times.append(time.perf_counter() - t0 + pass_share.get(i, 0.0))
+        if drafting and self.pack and len(rows) > 1 and self.cost is not None:
+            t0 = time.perf_counter()
+            trees = self._pack(rows, trees, plans, fixed)
+            draft_times = [d + (time.perf_counter() - t0) / len(rows) for d in draft_times]
         t0 = time.perf_counter()
         outs = tgt.forward_trees(trees)
         t_verify = time.perf_counter() - t0
@@ -271,6 +291,33 @@ class BatchDecoder:
                                        - seq.stats.time_verify)
         self._drop_finished()
         return ended + results
+
+
+def pack_counts(ranked: list[list[float] | None], sizes: list[int], expected: list[float], verify,
+                per_node: list[float]) -> list[int]:
+    """Per row, how many of its ranked draft nodes a batched round verifies: of every row's nodes, the ``n`` likeliest
+    to be accepted (net of their own attention's cost), for the ``n`` where the round's expected tokens per second
+    peaks (0: roots only). ``ranked[r]``:
+    row r's nodes' acceptance estimates, best first (a parent before its children), or None: its tree, ``sizes[r]``
+    tokens with its root and ``expected[r]`` expected accepted drafts, is verified whole. ``verify(t)``: the round's
+    forward over t tokens; ``per_node[r]``: what each of row r's nodes adds to it (attention over its context)."""
+    base = sum(1 if r is not None else n for r, n in zip(ranked, sizes))
+    gains = float(len(sizes)) + sum(e for r, e in zip(ranked, expected) if r is None)
+    best, best_rate, spent = 0, gains / verify(base), 0.0
+    # likeliest first, net of what a node's own attention costs at the round's rate (a row over a long context pays
+    # more per node); within a row that keeps its order, so each row's share is a prefix of its ranking
+    offers = sorted(((p, row) for row, r in enumerate(ranked) if r is not None for p in r),
+                    key=lambda o: best_rate * per_node[o[1]] - o[0])
+    for n, (p, row) in enumerate(offers, 1):
+        gains += p
+        spent += per_node[row]
+        rate = gains / (verify(base + n) + spent)
+        if rate > best_rate:
+            best, best_rate = n, rate
+    counts = [0] * len(sizes)
+    for _, row in offers[:best]:
+        counts[row] += 1
+    return counts
 
 
 def decode_batch(target: BatchTarget, seqs: list[Sequence], cost: CostModel | None = None,

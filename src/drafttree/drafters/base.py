@@ -49,6 +49,17 @@ class Drafter:
     def propose(self, req: DraftRequest) -> DraftTree:
         return DraftTree.root_only(req.root)
 
+    def ranked(self) -> list[float] | None:
+        """The tree just proposed, node by node: each draft node's estimated probability of being accepted, best
+        first (a node never before its parent), so that a batch can keep its best nodes over all rows (:meth:`shrink`);
+        None: the tree is verified as it is."""
+        return None
+
+    def shrink(self, nodes: int) -> DraftTree:
+        """The root and the first ``nodes`` draft nodes of :meth:`ranked`, as if that tree had been proposed (what
+        the drafter learns from the round is then about those nodes only). Only after :meth:`ranked` gave a list."""
+        raise NotImplementedError(f"drafter {self.name} does not rank its nodes")
+
     def verified(self, tokens: int, context: int, seconds: float) -> None:
         """This round's tree (``tokens`` tokens after ``context``) took ``seconds`` to verify: drafters that size
         trees by the verify-cost curve may correct it (live_curve.py). Lone decoding only."""

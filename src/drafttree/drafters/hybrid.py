@@ -18,6 +18,7 @@ depends on any of it (noise.py). In batched rounds even the free sources' drafti
 
 from __future__ import annotations
 
+import math
 import time
 
 import torch
@@ -102,7 +103,8 @@ class HybridDrafter(Drafter):
 
     def __init__(self, sources: list[CandidateSource], budget=None, total_tokens: int | None = None,
                  gate: bool = True, name: str = "hybrid", costly_in_batches: bool = False,
-                 batch_pass: bool = False, agree: bool = True, clock_cost: bool = False, live=None):
+                 batch_pass: bool = False, agree: bool = True, clock_cost: bool = False, live=None,
+                 batch_pack: bool = True):
         if budget is None and total_tokens is None:
             raise ValueError("HybridDrafter needs a TreeBudget or a fixed total_tokens")
         self.sources = list(sources)
@@ -136,6 +138,10 @@ class HybridDrafter(Drafter):
         # the n-gram source alone and lost with the head); batched rounds use the free sources unless this is set
         self.costly_in_batches = costly_in_batches
         self.batch_pass = batch_pass  # ... or a batch pass drafts every row's head at once (batching/head_pass.py)
+        # in a batch that packs (BatchShare.packed), offer every node above the batch's bar and let the batch keep the
+        # best nodes over all rows (BatchDecoder): one row's tree alone cannot fill a block of AMX tile rows
+        self.batch_pack = batch_pack
+        self._ranked: list[float] | None = None  # this round's nodes' estimates, best first (ranked / shrink)
         # (``batch_gate``) in a batch, drafting at all must pay for its time (Python, ~0.35 ms a row: 15% of a 16-row
         # round): the row's accepted drafts against the tokens the whole batch could have made in that time
         # alone and sampling, drafting at all must pay too: a round's accepted drafts against its drafting and the
@@ -190,10 +196,16 @@ class HybridDrafter(Drafter):
         self.agreement.decay(0.5)
         self._fresh = False
 
-    def _size(self, merged: MergedTree, spent: float, cost=None, context: int = 0) -> int:
+    def _packs(self, cost) -> bool:
+        return self.batch_pack and self.total_tokens is None and bool(getattr(cost, "packed", False))
+
+    def _size(self, merged: MergedTree, spent: float, cost=None, context: int = 0, bar: float = 0.0) -> int:
         if self.total_tokens is not None:
             return min(int(self.total_tokens), len(merged.tokens))
         scores = sorted(merged.scores[1:], reverse=True)
+        if self._packs(cost):  # every node that could pay in some tree of the batch's; the batch picks among them
+            c = self.budget.calibration
+            return 1 + sum(1 for x in scores[: self.budget.max_total - 1] if c * math.exp(x) >= bar)
         self.budget.cost = cost if cost is not None else self.base_cost.at(context)
         return self.budget.choose_total(scores, spent * self.base_cost.verify(1))
 
@@ -220,6 +232,7 @@ class HybridDrafter(Drafter):
         return None
 
     def propose(self, req: DraftRequest) -> DraftTree:
+        self._ranked = None
         if self._fresh:
             self._start_generation(req.sampling.greedy)
         if req.max_depth <= 0:
@@ -319,16 +332,41 @@ class HybridDrafter(Drafter):
             return DraftTree.root_only(req.root)
         if self.agree:
             merged.rescore(self.agreement)
-        keep = merged.best(self._size(merged, spent, req.cost, len(req.context)))
+        keep = merged.best(self._size(merged, spent, req.cost, len(req.context), bar))
+        tree = self._tree_of(merged, keep, ran)
+        if self._packs(req.cost) and tree.size > 1:
+            c = self.budget.calibration
+            self._ranked = [min(1.0, c * math.exp(x)) for x in sorted((merged.scores[i] for i in keep[1:]),
+                                                                       reverse=True)]
+        owners = sorted({self.sources[src].name for i in keep[1:] for src, _ in merged.owners[i]})
+        req.info.update(tree_tokens=tree.size, depth=tree.max_depth, sources=owners)
+        return tree
+
+    def _tree_of(self, merged: MergedTree, keep: list[int], ran: list) -> DraftTree:
+        """The tree of the merged nodes ``keep`` (the root first, parents before children): the round learns from it."""
         tokens = torch.tensor([merged.tokens[i] for i in keep], dtype=torch.long)
         pos = {node: j for j, node in enumerate(keep)}
         parents = torch.tensor([-1] + [pos[merged.parents[i]] for i in keep[1:]], dtype=torch.long)
         tree = DraftTree.from_parents(tokens, parents)
         tree.expected_accept = float(sum(torch.tensor([merged.scores[i] for i in keep[1:]]).exp()))
         self._round = (merged, keep, ran)
-        owners = sorted({self.sources[src].name for i in keep[1:] for src, _ in merged.owners[i]})
-        req.info.update(tree_tokens=tree.size, depth=tree.max_depth, sources=owners)
         return tree
+
+    def ranked(self) -> list[float] | None:
+        return self._ranked
+
+    def shrink(self, nodes: int) -> DraftTree:
+        """The best ``nodes`` of this round's tree (merged.best's order: by score, a parent before its children, as
+        :meth:`ranked` lists them); the round learns from those only."""
+        if self._ranked is None or self._round is None:
+            raise RuntimeError("shrink() needs a ranked tree from this round's propose()")
+        merged, keep, ran = self._round
+        nodes = max(0, min(int(nodes), len(keep) - 1))
+        self._ranked = self._ranked[:nodes]
+        if nodes == 0:
+            self._round = (merged, [0], ran) if ran else None  # nothing verified but the root: nothing to learn
+            return DraftTree.root_only(merged.tokens[0])
+        return self._tree_of(merged, merged.best(nodes + 1), ran)
 
     def _clock(self, src, seconds: float, spent: float, batch_cost, context: int) -> None:
         """How much longer than modelled the costly source's drafting took (``src.clock``, >= 1): measured seconds over

@@ -149,6 +149,8 @@ class HybridOptions:
                             "times (lone decoding)")
     corpus: str | None = _opt(None, "str", None, "corpus file for the corpus source (default: the head's corpus.npz)")
     batch_pass: bool = _opt(False, "bool", None, "batched rows draft their heads together (one forward per level)")
+    batch_pack: bool = _opt(True, "bool", None, "in a batch, offer every node that could pay and let the batch keep "
+                            "the best nodes over all rows (false: each row sizes its own tree on its share)")
     prune_against: str = _opt("best", "str", None, PRUNE_DOC)
     # the default is sources.model_sources.EXPLORE (a test checks they agree; importing it here would pull in torch)
     explore: float = _opt(0.0, "float", 0.0, "model sources: standard errors added to a level's learnt rate")
