@@ -293,7 +293,7 @@ def test_batched_rows_packed_on_a_stepped_curve_are_lossless(shipped, references
         assert s.tokens == references[i]
     together = min(len(s.stats.tree_sizes) for s in seqs)  # the rounds all three rows shared
     assert all(sum(s.stats.tree_sizes[j] - 1 for s in seqs) <= 1 for j in range(together))
-    assert len(shrinks) > 10 and max(s.tau for s in seqs) > 1.2
+    assert len(shrinks) > 10 and max(s.stats.tau for s in seqs) > 1.2
 
 
 def test_batched_rows_with_their_own_lengths_and_cancellation(shipped, references):
