@@ -235,3 +235,32 @@ def test_prompts_prefilled_together_equal_each_alone_on_every_architecture(arch,
     trees = [_random_tree(4, 50, seed=s) for s in range(len(prompts))]
     for a, b in zip(alone.forward_trees(trees), packed.forward_trees(trees)):
         assert torch.allclose(a.logits, b.logits, atol=1e-5)
+
+
+@pytest.mark.parametrize("packed", [True, False])
+def test_an_emptied_batch_keeps_its_buffers_and_newcomers_compute_what_a_fresh_batch_does(packed):
+    """Once every row has left, the cache's buffers stay (no new zero-filled buffer per burst); rows that join then
+    find an earlier row's states past their own length, masked out: their prefill and trees give a fresh batch's bits."""
+    from drafttree.batching import BatchTarget
+
+    model = tiny_causal_lm("llama", vocab=50, seed=5)
+    g = torch.Generator().manual_seed(6)
+    first = [torch.randint(2, 50, (n,), generator=g) for n in (40, 31, 12)]
+    later = [torch.randint(2, 50, (n,), generator=g) for n in (7, 19)]
+    used, fresh = BatchTarget(model), BatchTarget(model)
+    used.add_many(first, room=[16] * 3)
+    used.forward_trees([_random_tree(5, 50, seed=s) for s in range(3)])
+    used.commit([[0, 1], [0], [0, 1, 2]])
+    buf = used.cache.layers[0]._k
+    used.keep([])
+    assert used.rows == 0 and used.cache.layers[0]._k is buf and used._slots() == 0
+    add = (lambda t, ps: t.add_many(ps, room=[4] * len(ps))) if packed else (lambda t, ps: [t.add(p, 4) for p in ps])
+    for a, b in zip(add(fresh, later), add(used, later)):
+        assert torch.equal(a.logits, b.logits) and torch.equal(a.features, b.features)
+    assert used.cache.layers[0]._k is buf  # room enough: the same buffer
+    trees = [_random_tree(4, 50, seed=s) for s in (7, 8)]
+    for a, b in zip(fresh.forward_trees(trees), used.forward_trees(trees)):
+        assert torch.equal(a.logits, b.logits)
+    used.keep([])
+    used.forget_buffers()
+    assert used.cache is None

@@ -239,6 +239,14 @@ class GrowingCache(DynamicCache):
         for layer in self.layers:
             layer.joining = (after, rows_for, slots_for)
 
+    def empty(self) -> None:
+        """No row in use, the buffers kept: rows that join later take their slots (past a row's length, a slot holds
+        an earlier row's states, finite and masked out)."""
+        for layer in self.layers:
+            if layer._k is not None:
+                layer._rows, layer._len = 0, 0
+                layer._set_views()
+
     def close_rows(self, rows: int, length: int) -> None:
         """Undo a :meth:`join_rows` whose forward failed: ``rows`` rows in use, ``length`` slots."""
         for layer in self.layers:

@@ -230,6 +230,7 @@ class Scheduler:
                 self.metrics.request_failed()
         self.decoder = BatchDecoder(self.sm.batch_target(), self.sm.verify_cost(), self.sm.batch_policy)
         self.decoder.target.keep([])
+        self.decoder.target.forget_buffers()  # a failed forward may have left them half-written
 
     def _run(self) -> None:
         while True:
