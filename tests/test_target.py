@@ -240,7 +240,8 @@ def test_prompts_prefilled_together_equal_each_alone_on_every_architecture(arch,
 @pytest.mark.parametrize("packed", [True, False])
 def test_an_emptied_batch_keeps_its_buffers_and_newcomers_compute_what_a_fresh_batch_does(packed):
     """Once every row has left, the cache's buffers stay (no new zero-filled buffer per burst); rows that join then
-    find an earlier row's states past their own length, masked out: their prefill and trees give a fresh batch's bits."""
+    find an earlier row's states past their own length, masked out: their prefill and trees give a fresh batch's
+    bits."""
     from drafttree.batching import BatchTarget
 
     model = tiny_causal_lm("llama", vocab=50, seed=5)
