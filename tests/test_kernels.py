@@ -734,3 +734,33 @@ def test_a_stale_build_lock_is_removed_and_a_fresh_one_kept(tmp_path):
     os.utime(lock, (old, old))
     assert clear_stale_lock(tmp_path) and not lock.exists()
     assert not clear_stale_lock(tmp_path)  # no lock: nothing to do
+
+
+def test_prompt_products_on_weights_packed_once_give_torchs_bits_and_follow_the_weight(monkeypatch):
+    """onednn.linear: the bits of F.linear (bf16, 65-300 rows, with and without a bias, 3-D input), one packed copy
+    per weight, redone when the weight changes in place, none where the cache's budget is 0."""
+    from drafttree.kernels import onednn
+
+    if not onednn.available():
+        pytest.skip("no oneDNN in this torch build")
+    monkeypatch.setenv("DRAFTTREE_ONEDNN_CACHE_MB", "64")
+    onednn.clear()
+    g = torch.Generator().manual_seed(0)
+    w = torch.randn(96, 80, generator=g).bfloat16()
+    bias = torch.randn(96, generator=g).bfloat16()
+    with torch.inference_mode():
+        for rows in (65, 128, 300):
+            for b in (None, bias):
+                x = torch.randn(rows, 80, generator=g).bfloat16()
+                out = onednn.linear(x, w, b)
+                assert out is not None and torch.equal(out, F.linear(x, w, b))
+        x3 = torch.randn(2, 70, 80, generator=g).bfloat16()
+        assert torch.equal(onednn.linear(x3, w, None), F.linear(x3, w))
+        assert len(onednn._copies) == 1
+    with torch.no_grad():
+        w.mul_(2)  # a change through the tensor: its version counter moves, the copy is redone
+    with torch.inference_mode():
+        assert torch.equal(onednn.linear(x3, w, None), F.linear(x3, w))
+        monkeypatch.setenv("DRAFTTREE_ONEDNN_CACHE_MB", "0")
+        onednn.clear()
+        assert onednn.linear(x3, w, None) is None and not onednn._copies

@@ -33,6 +33,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from drafttree.kernels import onednn
 from drafttree.paths import cache_dir
 
 # Above this torch's packed GEMM is as fast or faster (`drafttree calibrate --compare-kernels`, float32). 2-core AMD
@@ -446,7 +447,7 @@ def many_rows_linear(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None
     where they are on (:func:`amx_on`), else through the kernel MAX_ROWS rows at a time where that was timed faster
     (:func:`chunked_bf16_products`), else, on a CPU whose bf16 arithmetic is slow, in float32 on the widened values
     (our own products only: fast_linears blocks and the drafters' :func:`linear`; never under torch_linears or with
-    autograd; see WIDE_MIN_ROWS)."""
+    autograd; see WIDE_MIN_ROWS), else torch's product on a weight packed once (:mod:`onednn`)."""
     if (x.dtype is torch.bfloat16 and w.dtype is torch.bfloat16 and x.is_cpu and w.is_cpu and not _active.off
             and not torch.is_grad_enabled() and (bias is None or bias.dtype is torch.bfloat16)):
         if amx_on() and _ext.amx_packable(w) and x.dim() >= 1 and x.shape[-1] == w.shape[1]:
@@ -461,4 +462,8 @@ def many_rows_linear(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None
         if (x.dim() >= 2 and w.dim() == 2 and x.numel() >= WIDE_MIN_ROWS * x.shape[-1]
                 and wide_bf16_products()):
             return _widened(x, w, bias)
+        if x.numel() > MAX_ROWS * x.shape[-1]:  # torch's product on a weight packed once (onednn.py)
+            out = onednn.linear(x, w, bias)
+            if out is not None:
+                return out
     return F.linear(x, w, bias)
