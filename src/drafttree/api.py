@@ -397,7 +397,8 @@ class SpeculativeModel:
         """Decode several prompts together (one target forward verifies every row's tree), yielding
         ``(prompt index, chunk)`` as each row's tokens are accepted; at most ``max_batch`` rows at a time, the
         others join as rows finish. Greedy output equals each prompt decoded alone; with ``seed``, row i
-        samples from its own generator seeded ``seed + i``. ``self.batch_results()`` afterwards."""
+        samples from its own generator seeded ``seed + i``. ``self.batch_results()`` afterwards. The batch's cache
+        buffers stay allocated for the next batch (``self.batch_target().forget_buffers()`` frees them)."""
         from drafttree.batching import BatchDecoder, Sequence
 
         if max_new_tokens is None or max_new_tokens <= 0:

@@ -112,8 +112,8 @@ def _mlp_forward(module: torch.nn.Module, biases: bool, x: torch.Tensor) -> torc
         return gemm._ext.gated_mlp(x, gate, up, down, bs)
     if _active.depth and not torch.is_grad_enabled():
         # many rows (a prompt): the stock forward's ops, the activation and product in place. The stock code's two
-        # fresh [rows, intermediate] tensors cost ~12% of a packed 16-user prefill here (first-touch pages of a
-        # few MB each, per layer); the same ops in place give the same bits
+        # fresh [rows, intermediate] tensors per layer (first-touch pages of a few MB each) cost ~5% of a packed
+        # 16-user prefill here (logs/s63_prefill_ab.py); the same ops in place give the same bits
         gated = F.silu(module.gate_proj(x), inplace=True).mul_(module.up_proj(x))
         return module.down_proj(gated)
     return type(module).forward(module, x)

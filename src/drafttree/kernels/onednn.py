@@ -19,6 +19,9 @@ import torch
 import torch.nn.functional as F
 
 CACHE_MB = 1024
+# the row count oneDNN is told to pack for: one layout for every weight and row count (its bits were checked at 65-4,096
+# rows with this layout)
+PACK_ROWS = 1024
 _copies: dict[int, tuple[weakref.ref, int, int, torch.Tensor]] = {}
 _bytes = [0]
 _lock = threading.RLock()
@@ -57,7 +60,7 @@ def _forget(key: int, ref: weakref.ref) -> None:
             _bytes[0] -= entry[3].numel() * entry[3].element_size()
 
 
-def _packed(w: torch.Tensor, rows: int) -> torch.Tensor | None:
+def _packed(w: torch.Tensor) -> torch.Tensor | None:
     """The kept packed copy of weight ``w``, made now if there is room; None where it cannot be kept."""
     try:
         version = w._version
@@ -74,7 +77,7 @@ def _packed(w: torch.Tensor, rows: int) -> torch.Tensor | None:
             _forget(key, old[0])
         if _bytes[0] + nbytes > cache_limit():
             return None
-        packed = torch.ops.mkldnn._reorder_linear_weight(w.detach(), max(rows, 64))
+        packed = torch.ops.mkldnn._reorder_linear_weight(w.detach(), PACK_ROWS)
         ref = weakref.ref(w, lambda r, k=key: _forget(k, r))
         _copies[key] = (ref, version, ptr, packed)
         _bytes[0] += packed.numel() * packed.element_size()
@@ -88,7 +91,7 @@ def linear(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None) -> torch
     if not available() or w.dim() != 2 or not w.is_contiguous() or x.shape[-1] != w.shape[1] or x.dim() < 2:
         return None
     x2 = x.reshape(-1, x.shape[-1])
-    packed = _packed(w, x2.shape[0])
+    packed = _packed(w)
     if packed is None:
         return None
     try:
