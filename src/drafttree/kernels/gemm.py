@@ -33,7 +33,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from drafttree.kernels import onednn
+from drafttree.kernels import onednn, settings
 from drafttree.paths import cache_dir
 
 # Above this torch's packed GEMM is as fast or faster (`drafttree calibrate --compare-kernels`, float32). 2-core AMD
@@ -378,14 +378,7 @@ _wide_lock = threading.RLock()
 
 def wide_cache_limit() -> int:
     """Bytes of float32 weight copies :func:`widened_weight` may keep (DRAFTTREE_WIDE_CACHE_MB, else WIDE_CACHE_MB)."""
-    env = os.environ.get("DRAFTTREE_WIDE_CACHE_MB", "").strip()
-    try:
-        mb = float(env) if env else WIDE_CACHE_MB
-    except ValueError:
-        print(f"drafttree: DRAFTTREE_WIDE_CACHE_MB must be a number of MB, not {env!r}; using {WIDE_CACHE_MB}",
-              file=sys.stderr)
-        mb = WIDE_CACHE_MB
-    return int(max(0.0, mb) * (1 << 20))
+    return settings.megabytes("DRAFTTREE_WIDE_CACHE_MB", WIDE_CACHE_MB)
 
 
 def clear_wide_cache() -> None:

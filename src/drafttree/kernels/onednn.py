@@ -10,13 +10,13 @@ copies are kept per weight (dropped with it, redone when it changes) up to ``DRA
 
 from __future__ import annotations
 
-import os
-import sys
 import threading
 import weakref
 
 import torch
 import torch.nn.functional as F
+
+from drafttree.kernels import settings
 
 CACHE_MB = 1024
 # the row count oneDNN is told to pack for: one layout for every weight and row count (its bits were checked at 65-4,096
@@ -30,14 +30,7 @@ _agrees: bool | None = None  # the packed path gave F.linear's bits on the first
 
 def cache_limit() -> int:
     """Bytes of packed weight copies kept (DRAFTTREE_ONEDNN_CACHE_MB, else CACHE_MB)."""
-    env = os.environ.get("DRAFTTREE_ONEDNN_CACHE_MB", "").strip()
-    try:
-        mb = float(env) if env else CACHE_MB
-    except ValueError:
-        print(f"drafttree: DRAFTTREE_ONEDNN_CACHE_MB must be a number of MB, not {env!r}; using {CACHE_MB}",
-              file=sys.stderr)
-        mb = CACHE_MB
-    return int(max(0.0, mb) * (1 << 20))
+    return settings.megabytes("DRAFTTREE_ONEDNN_CACHE_MB", CACHE_MB)
 
 
 def available() -> bool:
