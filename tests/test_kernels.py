@@ -11,7 +11,8 @@ from drafttree.kernels import MAX_ROWS, fast_linears, gemm, kernel_status, layer
 ext = small_gemm()
 needs_kernel = pytest.mark.skipif(ext is None, reason=f"small-GEMM kernel {kernel_status()}")
 
-SHAPES = [(1, 49, 576), (3, 37, 100), (4, 64, 1536), (16, 19, 33), (MAX_ROWS, 5, 7), (9, 1, 16)]
+SHAPES = [(1, 49, 576), (3, 37, 100), (4, 64, 1536), (16, 37, 576), (16, 19, 33), (MAX_ROWS, 70, 64), (MAX_ROWS, 5, 7),
+          (9, 1, 16)]
 
 
 @needs_kernel
@@ -52,19 +53,19 @@ def test_bf16_rows_agree_across_the_kernel_paths_at_every_magnitude():
     """Few bf16 rows take FMAs, many take vdpbf16ps where this CPU's matches them bit for bit (``bf16_dot``): values
     from 2^-120 to 2^20, so products underflow to denormals (flushed on both paths) and sums cancel."""
     g = torch.Generator().manual_seed(2)
-    k = 96 + 5
-    def spread(rows: int) -> torch.Tensor:
-        scale = torch.pow(2.0, torch.randint(-60, 10, (rows, k), generator=g).float())
-        return (torch.randn(rows, k, generator=g) * scale).bfloat16()
+    for k in (96, 96 + 5):  # without and with a scalar tail
+        def spread(rows: int, k: int = k) -> torch.Tensor:
+            scale = torch.pow(2.0, torch.randint(-60, 10, (rows, k), generator=g).float())
+            return (torch.randn(rows, k, generator=g) * scale).bfloat16()
 
-    x, w = spread(MAX_ROWS), spread(40)
-    alone = torch.cat([ext.linear(x[i:i + 1], w) for i in range(MAX_ROWS)])
-    for m in (2, 3, 4, 5, 6, 7, 9, 16, MAX_ROWS):
-        assert torch.equal(ext.linear(x[:m], w), alone[:m]), m
-    ref = F.linear(x.double(), w.double())
-    assert torch.isfinite(alone.float()).all()
-    big = ref.abs() > 1e-20  # away from the flushed range, the products are the reference's up to one bf16 rounding
-    torch.testing.assert_close(alone.double()[big], ref.to(torch.bfloat16).double()[big], rtol=1 / 64, atol=0)
+        x, w = spread(MAX_ROWS), spread(40)
+        alone = torch.cat([ext.linear(x[i:i + 1], w) for i in range(MAX_ROWS)])
+        for m in (2, 3, 4, 5, 6, 7, 9, 16, MAX_ROWS):
+            assert torch.equal(ext.linear(x[:m], w), alone[:m]), (k, m)
+        ref = F.linear(x.double(), w.double())
+        assert torch.isfinite(alone.float()).all()
+        big = ref.abs() > 1e-20  # away from the flushed range, the products are the reference's up to one bf16 rounding
+        torch.testing.assert_close(alone.double()[big], ref.to(torch.bfloat16).double()[big], rtol=1 / 64, atol=0)
     assert isinstance(ext.bf16_dot, bool)
 
 

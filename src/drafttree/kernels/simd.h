@@ -57,7 +57,7 @@ inline vec vzero_below(vec r, vec x, float lo) {  // r where x >= lo, else 0
   return _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(x, vset(lo), _CMP_GE_OQ), r);
 }
 
-inline vec reduce(const vec* v) {
+__attribute__((always_inline)) inline vec reduce(const vec* v) {  // inlined: the accumulators stay in registers
   __m512 t[8], u[4], w[2];
   for (int i = 0; i < 8; ++i)
     t[i] = _mm512_add_ps(_mm512_shuffle_f32x4(v[2 * i], v[2 * i + 1], 0x44),
