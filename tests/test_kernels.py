@@ -7,6 +7,7 @@ import torch
 import torch.nn.functional as F
 
 from drafttree.kernels import MAX_ROWS, fast_linears, gemm, kernel_status, layers, model_loop, small_gemm
+from drafttree.kernels.kept import KeptCopies
 
 ext = small_gemm()
 needs_kernel = pytest.mark.skipif(ext is None, reason=f"small-GEMM kernel {kernel_status()}")
@@ -675,49 +676,48 @@ def test_a_bad_wide_bf16_setting_says_so_and_times_instead(monkeypatch, capsys):
 def test_widened_weights_are_kept_until_the_weight_changes_or_goes(monkeypatch):
     """A prompt's widened products reuse the float32 copy of a small weight: the same values as widening anew, redone
     when the weight changes in place or gets new storage, dropped with the weight, and not kept past the limit."""
-    monkeypatch.setattr(gemm, "_wide_copies", {})
-    monkeypatch.setattr(gemm, "_wide_bytes", [0])
+    monkeypatch.setattr(gemm, "_wide_copies", KeptCopies(gemm.wide_cache_limit))
     monkeypatch.delenv("DRAFTTREE_WIDE_CACHE_MB", raising=False)
     g = torch.Generator().manual_seed(7)
     w = torch.randn(40, 24, generator=g).bfloat16()
     first = gemm.widened_weight(w)
     assert torch.equal(first, w.float()) and gemm.widened_weight(w) is first  # kept
-    assert gemm._wide_bytes[0] == 40 * 24 * 4
+    assert gemm._wide_copies.nbytes == 40 * 24 * 4
     with torch.no_grad():
         w.mul_(2)  # an optimizer step, say: the copy is stale
     again = gemm.widened_weight(w)
     assert again is not first and torch.equal(again, w.float())
     w.data = torch.randn(40, 24, generator=g).bfloat16()  # new storage, same tensor object
     assert torch.equal(gemm.widened_weight(w), w.float())
-    assert len(gemm._wide_copies) == 1 and gemm._wide_bytes[0] == 40 * 24 * 4
+    assert len(gemm._wide_copies.entries) == 1 and gemm._wide_copies.nbytes == 40 * 24 * 4
     del w, first, again
     import gc
 
     gc.collect()
-    assert gemm._wide_copies == {} and gemm._wide_bytes[0] == 0  # dropped with its weight
+    assert gemm._wide_copies.entries == {} and gemm._wide_copies.nbytes == 0  # dropped with its weight
     monkeypatch.setenv("DRAFTTREE_WIDE_CACHE_MB", "0")
     v = torch.randn(8, 8, generator=g).bfloat16()
-    assert torch.equal(gemm.widened_weight(v), v.float()) and gemm._wide_copies == {}
+    assert torch.equal(gemm.widened_weight(v), v.float()) and gemm._wide_copies.entries == {}
     monkeypatch.setenv("DRAFTTREE_WIDE_CACHE_MB", "lots")
     assert gemm.wide_cache_limit() == gemm.WIDE_CACHE_MB << 20
     big = torch.zeros(gemm.CHUNK_MIN_WEIGHT, dtype=torch.bfloat16)  # the kernel's chunks take such weights: not kept
     gemm.widened_weight(big)
-    assert gemm._wide_copies == {}
+    assert gemm._wide_copies.entries == {}
     monkeypatch.setenv("DRAFTTREE_WIDE_CACHE_MB", str(1.5 * 64 * 64 * 4 / (1 << 20)))  # room for one 64 x 64 copy
     a, b = torch.randn(64, 64, generator=g).bfloat16(), torch.randn(64, 64, generator=g).bfloat16()
     kept = gemm.widened_weight(a)
-    assert torch.equal(gemm.widened_weight(b), b.float()) and list(gemm._wide_copies) == [id(a)]  # b: no room
+    assert torch.equal(gemm.widened_weight(b), b.float()) and list(gemm._wide_copies.entries) == [id(a)]  # b: no room
     assert gemm.widened_weight(a) is kept
     with torch.no_grad():
         a.data.mul_(3)  # a write the version counter does not see: the kept copy is stale until cleared
     gemm.clear_wide_cache()
-    assert gemm._wide_copies == {} and gemm._wide_bytes[0] == 0
+    assert gemm._wide_copies.entries == {} and gemm._wide_copies.nbytes == 0
     assert torch.equal(gemm.widened_weight(a), a.float())
     p = torch.nn.Parameter(torch.randn(8, 8, generator=g).bfloat16())  # with autograd on: kept detached
-    assert gemm.widened_weight(p).grad_fn is None and id(p) in gemm._wide_copies
+    assert gemm.widened_weight(p).grad_fn is None and id(p) in gemm._wide_copies.entries
     del p
     gc.collect()
-    assert list(gemm._wide_copies) == [id(a)]
+    assert list(gemm._wide_copies.entries) == [id(a)]
 
 
 def test_a_stale_build_lock_is_removed_and_a_fresh_one_kept(tmp_path):
@@ -757,11 +757,11 @@ def test_prompt_products_on_weights_packed_once_give_torchs_bits_and_follow_the_
                 assert out is not None and torch.equal(out, F.linear(x, w, b))
         x3 = torch.randn(2, 70, 80, generator=g).bfloat16()
         assert torch.equal(onednn.linear(x3, w, None), F.linear(x3, w))
-        assert len(onednn._copies) == 1
+        assert len(onednn._kept.entries) == 1
     with torch.no_grad():
         w.mul_(2)  # a change through the tensor: its version counter moves, the copy is redone
     with torch.inference_mode():
         assert torch.equal(onednn.linear(x3, w, None), F.linear(x3, w))
         monkeypatch.setenv("DRAFTTREE_ONEDNN_CACHE_MB", "0")
         onednn.clear()
-        assert onednn.linear(x3, w, None) is None and not onednn._copies
+        assert onednn.linear(x3, w, None) is None and not onednn._kept.entries

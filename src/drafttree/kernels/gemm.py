@@ -26,7 +26,6 @@ import shutil
 import sys
 import threading
 import time
-import weakref
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -34,6 +33,7 @@ import torch
 import torch.nn.functional as F
 
 from drafttree.kernels import onednn, settings
+from drafttree.kernels.kept import KeptCopies
 from drafttree.paths import cache_dir
 
 # Above this torch's packed GEMM is as fast or faster (`drafttree calibrate --compare-kernels`, float32). 2-core AMD
@@ -369,11 +369,6 @@ def _kernel_chunks(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None) 
 # counter) or gets new storage. Writes that bypass the counter (``p.data.copy_(...)``, another alias of its memory)
 # are not seen: call :func:`clear_wide_cache` after such an edit.
 WIDE_CACHE_MB = 1024
-_wide_copies: dict[int, tuple[weakref.ref, int, int, torch.Tensor]] = {}
-_wide_bytes = [0]
-# not _lock (the path timings hold that one); re-entrant: a weight freed by the garbage collector while this thread
-# holds it runs _forget, which takes it too
-_wide_lock = threading.RLock()
 
 
 def wide_cache_limit() -> int:
@@ -381,45 +376,22 @@ def wide_cache_limit() -> int:
     return settings.megabytes("DRAFTTREE_WIDE_CACHE_MB", WIDE_CACHE_MB)
 
 
+_wide_copies = KeptCopies(wide_cache_limit)
+
+
 def clear_wide_cache() -> None:
     """Drop every kept float32 weight copy (after editing weights in ways their version counter does not see)."""
-    with _wide_lock:
-        _wide_copies.clear()
-        _wide_bytes[0] = 0
-
-
-def _forget(key: int, ref: weakref.ref) -> None:
-    """Drop ``key``'s copy if it is still the one ``ref`` belongs to (a weakref callback, or a stale entry)."""
-    with _wide_lock:
-        entry = _wide_copies.get(key)
-        if entry is not None and entry[0] is ref:
-            del _wide_copies[key]
-            _wide_bytes[0] -= entry[3].numel() * entry[3].element_size()
+    _wide_copies.clear()
 
 
 def widened_weight(t: torch.Tensor) -> torch.Tensor:
     """``t.float()``, from a kept copy where ``t`` is a weight small enough to keep (see WIDE_CACHE_MB)."""
-    try:
-        version = t._version
-    except RuntimeError:  # an inference tensor has no version counter: nothing tells when it changes
-        return t.float()
-    key, ptr = id(t), t.data_ptr()
-    hit = _wide_copies.get(key)
-    if hit is not None and hit[0]() is t and hit[1] == version and hit[2] == ptr:
-        return hit[3]
-    wide = t.detach().float()  # detached: a copy holding a graph would keep its weight alive
-    if t.numel() >= CHUNK_MIN_WEIGHT:
-        return wide
-    nbytes = wide.numel() * wide.element_size()
-    with _wide_lock:
-        old = _wide_copies.get(key)  # again, under the lock: another thread may have stored it meanwhile
-        if old is not None:
-            _forget(key, old[0])
-        if _wide_bytes[0] + nbytes <= wide_cache_limit():
-            ref = weakref.ref(t, lambda r, k=key: _forget(k, r))
-            _wide_copies[key] = (ref, version, ptr, wide)
-            _wide_bytes[0] += nbytes
-    return wide
+    hit = _wide_copies.get(t)
+    if hit is not None:
+        return hit
+    # detached: a copy holding a graph would keep its weight alive
+    kept = None if t.numel() >= CHUNK_MIN_WEIGHT else _wide_copies.put(t, t.numel() * 4, lambda: t.detach().float())
+    return t.detach().float() if kept is None else kept
 
 
 def _widened(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, keep: bool = True) -> torch.Tensor:

@@ -10,27 +10,25 @@ copies are kept per weight (dropped with it, redone when it changes) up to ``DRA
 
 from __future__ import annotations
 
-import threading
-import weakref
-
 import torch
 import torch.nn.functional as F
 
 from drafttree.kernels import settings
+from drafttree.kernels.kept import KeptCopies
 
 CACHE_MB = 1024
 # the row count oneDNN is told to pack for: one layout for every weight and row count (its bits were checked at 65-4,096
 # rows with this layout)
 PACK_ROWS = 1024
-_copies: dict[int, tuple[weakref.ref, int, int, torch.Tensor]] = {}
-_bytes = [0]
-_lock = threading.RLock()
 _agrees: bool | None = None  # the packed path gave F.linear's bits on the first product (None: not tried yet)
 
 
 def cache_limit() -> int:
     """Bytes of packed weight copies kept (DRAFTTREE_ONEDNN_CACHE_MB, else CACHE_MB)."""
     return settings.megabytes("DRAFTTREE_ONEDNN_CACHE_MB", CACHE_MB)
+
+
+_kept = KeptCopies(cache_limit)
 
 
 def available() -> bool:
@@ -40,41 +38,16 @@ def available() -> bool:
 
 def clear() -> None:
     """Drop every packed copy (after editing weights in ways their version counter does not see)."""
-    with _lock:
-        _copies.clear()
-        _bytes[0] = 0
-
-
-def _forget(key: int, ref: weakref.ref) -> None:
-    with _lock:
-        entry = _copies.get(key)
-        if entry is not None and entry[0] is ref:
-            del _copies[key]
-            _bytes[0] -= entry[3].numel() * entry[3].element_size()
+    _kept.clear()
 
 
 def _packed(w: torch.Tensor) -> torch.Tensor | None:
     """The kept packed copy of weight ``w``, made now if there is room; None where it cannot be kept."""
-    try:
-        version = w._version
-    except RuntimeError:  # an inference tensor has no version counter: nothing would tell when it changes
-        return None
-    key, ptr = id(w), w.data_ptr()
-    hit = _copies.get(key)
-    if hit is not None and hit[0]() is w and hit[1] == version and hit[2] == ptr:
-        return hit[3]
-    nbytes = w.numel() * w.element_size()
-    with _lock:
-        old = _copies.get(key)
-        if old is not None:
-            _forget(key, old[0])
-        if _bytes[0] + nbytes > cache_limit():
-            return None
-        packed = torch.ops.mkldnn._reorder_linear_weight(w.detach(), PACK_ROWS)
-        ref = weakref.ref(w, lambda r, k=key: _forget(k, r))
-        _copies[key] = (ref, version, ptr, packed)
-        _bytes[0] += packed.numel() * packed.element_size()
-    return packed
+    hit = _kept.get(w)
+    if hit is not None:
+        return hit
+    return _kept.put(w, w.numel() * w.element_size(),
+                     lambda: torch.ops.mkldnn._reorder_linear_weight(w.detach(), PACK_ROWS))
 
 
 def linear(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor | None:
