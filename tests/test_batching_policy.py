@@ -1,8 +1,9 @@
-"""DraftOrPlain: per batch size, the better of drafting and plain rounds, with probes of the other."""
+"""Batch policies: DraftOrPlain (per batch size, the better of drafting and plain rounds, with probes of the other) and
+DraftWhilePays (rounds draft while their accepted drafts pay for the drafting and the drafted tokens' verification)."""
 
 import pytest
 
-from drafttree.batching.policy import DraftOrPlain, bucket
+from drafttree.batching.policy import DraftOrPlain, DraftWhilePays, bucket
 
 
 def run(policy: DraftOrPlain, rows: int, rates: dict[bool, float], rounds: int) -> list[bool]:
@@ -64,6 +65,48 @@ def test_the_round_after_a_switch_is_not_what_the_mode_costs():
         last = d
     assert p.rate[(16, True)] > p.rate[(16, False)]
     assert sum(choices[-60:]) > 50, "drafting pays once caught up: mostly drafting"
+
+
+def drive(policy: DraftWhilePays, rows: int, gains, rounds: int, cost: float = 2.0, rest: float = 30.0,
+          kind: str = "hybrid") -> list[bool]:
+    """``rounds`` rounds of ``rows`` rows; a drafting round accepts ``gains(i)`` drafts over the roots for ``cost``
+    seconds of drafting and verification on top of ``rest`` (plain rounds accept the roots only)."""
+    choices = []
+    for i in range(rounds):
+        d = policy.choose(rows, kind)
+        choices.append(d)
+        g = gains(i) if d else 0
+        policy.record(rows, d, rows + g, rest + (cost if d else 0.0), drafting=cost / 2 if d else 0.0,
+                      extra_verify=cost / 2 if d else 0.0, kind=kind)
+    return choices
+
+
+def test_draft_while_pays_drafts_where_the_drafts_pay_for_their_whole_cost():
+    # 16 rows, 2 s of drafting and verification on 30 s: drafting pays above 16 x 2 / 30 = 1.07 accepted drafts a round
+    assert all(drive(DraftWhilePays(), 16, lambda i: 2, 300)), "2 drafts a round pay: every round drafts"
+    weak = drive(DraftWhilePays(), 16, lambda i: 0, 600)
+    assert all(weak[:8]), "a new batch size starts drafting (a prior that pays), measuring"
+    assert sum(weak[-300:]) < 30, "drafts that pay nothing: plain rounds but for short probes"
+    starts = [i for i in range(1, len(weak)) if weak[i] and not weak[i - 1]]
+    gaps = [b - a for a, b in zip(starts, starts[1:])]
+    assert len(gaps) >= 2 and gaps == sorted(gaps) and gaps[-1] > gaps[0], "failed probes wait longer and longer"
+    # a broken rule that compared the gain with the drafting alone (not its verification) drafts here: 1 < 1.07
+    assert sum(drive(DraftWhilePays(), 16, lambda i: 1, 600)[-300:]) < 60
+    assert sum(drive(DraftWhilePays(), 4, lambda i: 1, 600)[-300:]) > 270, "4 rows: 1 draft beats 4 x 2 / 30"
+
+
+def test_draft_while_pays_judges_bursts_by_their_mean():
+    """Accepted drafts come in bursts (a copied passage, then nothing): 8 drafts every 4th round pay on average
+    (2 a round against 1.07 needed), so the rounds keep drafting through the dry rounds between bursts."""
+    assert sum(drive(DraftWhilePays(), 16, lambda i: 8 if i % 4 == 0 else 0, 400)) > 380
+
+
+def test_draft_while_pays_keeps_each_mix_of_drafters_apart_and_leaves_one_row_to_its_drafter():
+    p = DraftWhilePays()
+    drive(p, 16, lambda i: 0, 300, kind="ar")
+    assert drive(p, 16, lambda i: 3, 20, kind="hybrid") == [True] * 20, "ar rows' rounds do not close auto's"
+    assert p.pays((16, "hybrid")) and not p.pays((16, "ar"))
+    assert all(drive(DraftWhilePays(), 1, lambda i: 0, 50)), "one row: its drafter's own budget decides"
 
 
 def test_cost_curves_price_many_sizes_as_one_at_a_time():

@@ -12,7 +12,7 @@ from pathlib import Path
 import torch
 
 from drafttree.accept import Sampling
-from drafttree.batching.policy import AlwaysDraft
+from drafttree.batching.policy import DraftWhilePays
 from drafttree.decode import DecodeStats, decode
 from drafttree.detok import TextAssembler, min_tokens_of
 from drafttree.drafters import Drafter, check_method, make_drafter
@@ -132,7 +132,7 @@ class SpeculativeModel:
                                    keep_prefix=prefix_cache)
         self._drafters: dict[tuple, Drafter] = {}
         self._batch_target = None
-        self.batch_policy = AlwaysDraft()  # per-row budgets decide (batching/policy.py says why)
+        self.batch_policy = DraftWhilePays()  # rounds draft while drafts pay (batching/policy.py says why)
         self._verify_cost = None
         self._batch_results: list[GenerationResult | None] = []
         self.tokenizer = target.tokenizer

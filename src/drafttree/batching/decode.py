@@ -19,7 +19,7 @@ import torch
 
 from drafttree.accept import Sampling, accept, greedy_tokens, sample_token
 from drafttree.batching.head_pass import HeadBatch, HeadRow
-from drafttree.batching.policy import AlwaysDraft, DraftOrPlain
+from drafttree.batching.policy import DraftOrPlain, DraftWhilePays
 from drafttree.batching.target import BatchTarget
 from drafttree.budget import BatchShare, CostModel
 from drafttree.decode import DecodeStats
@@ -66,10 +66,11 @@ class BatchDecoder:
 
     def __init__(self, target: BatchTarget, cost: CostModel | None = None, policy: DraftOrPlain | None = None,
                  head_batch: HeadBatch | None = None):
-        """``policy`` decides per round whether rows draft at all (default :class:`AlwaysDraft`: each
-        row's drafter sizes its tree on its share of the forward; :class:`DraftOrPlain` measures per batch size)."""
+        """``policy`` decides per round whether rows draft at all (default :class:`DraftWhilePays`: while the drafts pay
+        for all they add to a round; :class:`AlwaysDraft`: every round, each row's drafter sizing its tree on its share
+        of the forward; :class:`DraftOrPlain`: measured per batch size from whole rounds)."""
         self.target, self.cost = target, cost
-        self.policy = policy if policy is not None else AlwaysDraft()
+        self.policy = policy if policy is not None else DraftWhilePays()
         self.active: list[Sequence] = []
         self._joined = False  # a row joined since the last round (that round also pays for the cache growing)
         # seconds per row a batch's forward took beyond the curve at its token count (decayed mean of rounds no row
@@ -172,6 +173,18 @@ class BatchDecoder:
         prev = self.excess_per_row
         self.excess_per_row = over if prev is None else self.EXCESS_DECAY * prev + (1 - self.EXCESS_DECAY) * over
 
+    def _extra_verify(self, trees: list[DraftTree]) -> float:
+        """The modelled seconds a round's forward spent on its drafted tokens (beyond every row's root): the curve
+        over the batch's tokens, and each drafted token's attention over its row's context."""
+        if self.cost is None:
+            return 0.0
+        total = sum(t.size for t in trees)
+        if total == len(trees):
+            return 0.0
+        per_key, past = getattr(self.cost, "per_key", 0.0), getattr(self.cost, "context", 0)
+        attend = sum((t.size - 1) * max(0, n - past) for t, n in zip(trees, self.target.lens)) * per_key
+        return max(0.0, self.cost.verify_in_batch(total) - self.cost.verify_in_batch(len(trees))) + attend
+
     def _head_pass(self, rows: list[Sequence], plans: list) -> dict[int, float]:
         """Draft the heads of the batched rows together (``HeadBatch``); returns each drafted row's share of it."""
         if len(rows) < 2:
@@ -217,7 +230,8 @@ class BatchDecoder:
         committed = [s.stats.accept_lengths[-1] for s in rows]  # each row's tokens last round: this round's guess
         all_committed = sum(committed)
         trees, draft_times = [], []
-        drafting = self.policy.choose(len(rows))
+        kind = ",".join(sorted({s.drafter.name for s in rows}))  # the drafters' mix (policies may learn per mix)
+        drafting = self.policy.choose(len(rows), kind)
         plans = []
         fixed = len(rows) * (self.excess_per_row or 0.0) if self.measure_excess else 0.0
         per_key = getattr(self.cost, "per_key", 0.0) if self.measure_excess else 0.0
@@ -228,6 +242,7 @@ class BatchDecoder:
                                per_key * max(0, tgt.lens[i] - past), packed=self.pack) if batched else None)
             depth = min(seq.max_new_tokens - seq.stats.new_tokens - 1, tgt.max_positions - tgt.lens[i] - 2)
             plans.append((cost, max(0, depth)))
+        t_drafting = time.perf_counter()
         pass_share = self._head_pass(rows, plans) if drafting else {}
         for i, seq in enumerate(rows):
             t0 = time.perf_counter()
@@ -246,6 +261,8 @@ class BatchDecoder:
             t0 = time.perf_counter()
             trees = self._pack(rows, trees, plans, fixed)
             draft_times = [d + (time.perf_counter() - t0) / len(rows) for d in draft_times]
+        t_drafting = time.perf_counter() - t_drafting if drafting else 0.0
+        extra_verify = self._extra_verify(trees) if drafting else 0.0
         t0 = time.perf_counter()
         outs = tgt.forward_trees(trees)
         t_verify = time.perf_counter() - t0
@@ -283,7 +300,8 @@ class BatchDecoder:
             results.append((seq, new))
         wall = time.perf_counter() - t_round
         self.head_batch.record(wall, sum(len(p) for p, _ in accepted))
-        self.policy.record(len(rows), drafting, sum(len(p) for p, _ in accepted), wall, measured=not self._joined)
+        self.policy.record(len(rows), drafting, sum(len(p) for p, _ in accepted), wall, measured=not self._joined,
+                           drafting=t_drafting, extra_verify=extra_verify, kind=kind)
         self._joined = False
         for seq in rows:  # every row waited for the whole round
             seq.stats.wall_time += wall

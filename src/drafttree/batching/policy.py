@@ -1,6 +1,9 @@
 """Whether a batched round drafts at all.
 
-The default, :class:`AlwaysDraft`, leaves it to each row: every row's drafter sizes its own tree on its
+The default, :class:`DraftWhilePays`, lets rounds draft while their accepted drafts pay for all that drafting adds
+to a round (the Python of every row's drafter, the packing, the drafted tokens' share of the forward), judged from
+the drafting rounds themselves; a closed batch size probes now and then. Until stop 65 the default was
+:class:`AlwaysDraft`, which leaves it to each row: every row's drafter sizes its own tree on its
 :class:`~drafttree.budget.BatchShare` (the batch's tokens per second: its tokens and the other rows' over the
 round's forward), so a node is verified only where it pays for the whole batch and a row whose drafts do not pay
 verifies its root alone; in a batch a hybrid drafter uses only its free sources (context n-grams), so
@@ -52,9 +55,10 @@ class DraftOrPlain:
         near = self._nearest(b)
         return self.rate[(near, True)] >= self.rate[(near, False)] if near is not None else b == 1
 
-    def choose(self, rows: int) -> bool:
-        """True: this round drafts. An unmeasured size starts in the mode that won at the nearest measured size
-        (with nothing measured: drafting alone, plain in a batch) and probes the other after ``probe`` rounds."""
+    def choose(self, rows: int, kind: str = "") -> bool:
+        """True: this round drafts (``kind``: the rows' mix of drafters, unused here). An unmeasured size starts in
+        the mode that won at the nearest measured size (with nothing measured: drafting alone, plain in a batch) and
+        probes the other after ``probe`` rounds."""
         self._ending = None
         if rows == 1:  # a lone sequence: its drafter's own budget already weighs each tree against plain decoding
             return True
@@ -75,9 +79,11 @@ class DraftOrPlain:
             return not best
         return best
 
-    def record(self, rows: int, drafted: bool, tokens: int, seconds: float, measured: bool = True) -> None:
-        """After a round: its tokens and seconds. ``measured=False``: the round paid for something else (a
-        newcomer's first round in the batch) and does not count, but still moves the probe along."""
+    def record(self, rows: int, drafted: bool, tokens: int, seconds: float, measured: bool = True,
+               drafting: float = 0.0, extra_verify: float = 0.0, kind: str = "") -> None:
+        """After a round: its tokens and seconds (``drafting``, ``extra_verify``: see :class:`DraftWhilePays`).
+        ``measured=False``: the round paid for something else (a newcomer's first round in the batch) and does not
+        count, but still moves the probe along."""
         switched, self._last = drafted != self._last, drafted
         key = (bucket(rows), drafted)
         if measured and seconds > 0 and not (switched and self.probe_rounds > 1):
@@ -103,8 +109,88 @@ class DraftOrPlain:
 class AlwaysDraft(DraftOrPlain):
     """Every round drafts: each row's drafter and budget alone decide its tree (the default; see above)."""
 
-    def choose(self, rows: int) -> bool:
+    def choose(self, rows: int, kind: str = "") -> bool:
         return True
 
-    def record(self, rows: int, drafted: bool, tokens: int, seconds: float, measured: bool = True) -> None:
+    def record(self, rows: int, drafted: bool, tokens: int, seconds: float, measured: bool = True,
+               drafting: float = 0.0, extra_verify: float = 0.0, kind: str = "") -> None:
         pass
+
+
+class DraftWhilePays(AlwaysDraft):
+    """Rounds draft while the drafts pay for everything they add to the round, per batch-size bucket (the default).
+
+    Each row's drafter weighs its own tree (its budget, its batch gate), but a drafting round also pays for what no
+    row is charged: the rows whose gates are closed asking anyway, the batch's packing, masks and acceptance over
+    bigger trees (at 16 rows here ~2 ms of a ~35 ms round, against ~1 accepted draft a round). A drafting round tells
+    its whole cost without a plain round to compare with: ``drafting`` (the seconds spent proposing and packing),
+    ``extra_verify`` (the forward's modelled cost of the drafted tokens beyond the roots) and the rest of the round,
+    which a plain round would also have taken. Drafting pays while the accepted drafts per row beat what the plain
+    rounds would have made in that time: Σ(tokens - rows) / Σrows > Σ(drafting + extra_verify) / Σrest, over slowly
+    decayed sums (accepted drafts come in bursts, a copied passage and then nothing: means over a few rounds closed
+    the rounds on drafts that paid over a load). A bucket starts from a prior worth ``prior_rounds`` rounds that pays
+    twice over, so a slow start does not close it; a closed bucket probes ``probe_rounds`` drafting rounds after
+    ``probe`` plain ones, the wait doubling after each probe that does not pay (up to ``max_probe``). State is kept
+    per mix of drafters (``kind``): rows of ``ar`` never pay for drafting and must not close rounds for ``auto``.
+    Comparing whole rounds' rates (:class:`DraftOrPlain`) misled on this CPU; here the forward's share is the curve's
+    and only the small, steady Python time is measured."""
+
+    def __init__(self, probe: int = 16, max_probe: int = 128, decay: float = 0.99, probe_rounds: int = 4,
+                 prior_rounds: float = 8.0):
+        super().__init__()
+        self.probe, self.max_probe, self.decay, self.probe_rounds = probe, max_probe, decay, max(1, probe_rounds)
+        self.prior_rounds = prior_rounds
+        # (bucket, kind) -> decayed [accepted drafts, rows, cost seconds, rest seconds]
+        self.sums: dict[tuple[int, str], list[float]] = {}
+        self.wait: dict[tuple[int, str], int] = {}
+        self.since: dict[tuple[int, str], int] = {}
+        self.probing: dict[tuple[int, str], int] = {}  # drafting rounds left in the key's probe
+        self._rounds = {"draft": 0, "plain": 0}
+
+    def pays(self, key: tuple[int, str]) -> bool:
+        s = self.sums.get(key)
+        return s is None or s[0] * s[3] > s[2] * s[1]  # nothing measured yet: draft, and measure
+
+    def choose(self, rows: int, kind: str = "") -> bool:
+        key = (bucket(rows), kind)
+        if rows == 1:
+            drafting = True
+        elif self.probing.get(key, 0) > 0:
+            self.probing[key] -= 1
+            drafting = True
+        elif self.pays(key):
+            self.wait[key] = self.probe
+            self.probing.pop(key, None)
+            drafting = True
+        else:
+            if key in self.probing:  # a probe ended and did not pay: wait longer for the next
+                del self.probing[key]
+                self.wait[key] = min(self.max_probe, 2 * self.wait.get(key, self.probe))
+            self.since[key] = self.since.get(key, 0) + 1
+            drafting = self.since[key] >= self.wait.get(key, self.probe)
+            if drafting:
+                self.since[key] = 0
+                self.probing[key] = self.probe_rounds - 1  # this round and the next ones
+        self._rounds["draft" if drafting else "plain"] += 1
+        return drafting
+
+    def record(self, rows: int, drafted: bool, tokens: int, seconds: float, measured: bool = True,
+               drafting: float = 0.0, extra_verify: float = 0.0, kind: str = "") -> None:
+        if rows < 2 or not drafted or not measured:
+            return
+        cost = drafting + extra_verify
+        rest = seconds - cost  # what the round would have taken without drafts
+        if rest <= 0:
+            return
+        key = (bucket(rows), kind)
+        s = self.sums.get(key)
+        if s is None:  # the prior: this round's costs, with accepted drafts that pay them twice over
+            k = self.prior_rounds
+            s = self.sums[key] = [2.0 * cost / rest * rows * k, rows * k, cost * k, rest * k]
+        d = self.decay
+        for i, v in enumerate((float(tokens - rows), float(rows), cost, rest)):
+            s[i] = d * s[i] + v
+
+    def summary(self) -> dict:
+        out = {f"{b}{':' + k if k else ''}:pays": self.pays((b, k)) for b, k in sorted(self.sums)}
+        return {**out, **self._rounds}

@@ -156,11 +156,16 @@ class HybridDrafter(Drafter):
         self._catch_up = (0.0, 0.0)  # this round's catch-up (target steps, seconds), see Proposal.catch_up
         self._last_accepted = 0
         self._gated = False  # the last round's draft gate was closed (situation 2 when it accepted nothing)
-        self._batch: tuple | None = None  # (batch size bucket, drafting seconds, round forward seconds, tokens)
+        self._batch: tuple | None = None  # (batch size bucket, drafting seconds, the row's BatchShare, tokens)
         self.last_alone: dict[int, int] = {}  # per source (id): accepted tokens last round no other source proposed
         self._round: tuple | None = None
         self._fresh = True
         self.source_accepts = [0] * len(self.sources)  # accepted drafts each source proposed (diagnostics)
+
+    # the batch gate charges a row's drafting with its tree's verification too (BatchShare.verify: the round's forward
+    # over the row's nodes), as the lone draft gate does: the budget keeps only nodes that pay at the margin, but
+    # drafting at all must pay for its Python and its nodes together (False: the Python alone, the rule until stop 65)
+    batch_gate_verify = True
 
     def keep_prefix(self, on: bool) -> None:
         for s in self.sources:
@@ -271,7 +276,7 @@ class HybridDrafter(Drafter):
             drafting = max((self._spent - steps) * v1 + self.round_seconds, time.perf_counter() - t0 - seconds)
             self._draft = (gate, sit, (drafting + cost.verify(tree.size) - v1) / v1)
         if batched:
-            self._batch = (size, time.perf_counter() - t0, req.cost.verify(1), 1.0 + float(req.cost.extra_tokens))
+            self._batch = (size, time.perf_counter() - t0, req.cost, 1.0 + float(req.cost.extra_tokens))
         return tree
 
     def _cheap_bar(self, req: DraftRequest) -> float | None:
@@ -390,6 +395,7 @@ class HybridDrafter(Drafter):
 
     def observe(self, committed: list[int], features: torch.Tensor, next_root: int) -> None:
         t0 = time.perf_counter()
+        verified = len(self._round[1]) if self._round is not None else 1  # the tree's tokens (after any shrink)
         if self._round is not None:
             self._learn(committed)
             self._round = None
@@ -401,8 +407,11 @@ class HybridDrafter(Drafter):
             self._draft = None
         self._last_accepted = len(committed) - 1
         if self._batch is not None:
-            size, spent, forward, tokens = self._batch
+            size, spent, cost, tokens = self._batch
+            forward = cost.verify(1)
             spent += time.perf_counter() - t0
+            if self.batch_gate_verify:  # the tree's own verification: what the round took longer for its nodes
+                spent += max(0.0, cost.verify(verified) - forward)
             self.batch_gate.record(size, float(len(committed) - 1), spent / max(1e-9, forward), tokens)
             self._batch = None
 
