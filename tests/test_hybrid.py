@@ -229,6 +229,24 @@ def test_trees_shrink_over_a_long_context():
     assert sizes[200] > sizes[4000] >= 1, sizes
 
 
+def test_fitted_priors_are_read_once_per_file_version(tmp_path):
+    """Every batched request makes a drafter: the priors file is parsed once, and read again when it changes."""
+    import json
+    import os
+
+    from drafttree.sources.priors import PRIORS_FILE, load_priors
+
+    path = tmp_path / PRIORS_FILE
+    path.write_text(json.dumps({"sources": {"const": {"hits": [1.0], "trials": [2.0]}}}))
+    first = load_priors(tmp_path)
+    assert load_priors(tmp_path) is first and float(first["greedy"]["const"][0][0]) == 1.0
+    path.write_text(json.dumps({"sources": {"const": {"hits": [7.0, 1.0], "trials": [9.0, 1.0]}}}))
+    os.utime(path, ns=(path.stat().st_atime_ns, path.stat().st_mtime_ns + 1_000_000))  # a new version (coarse clocks)
+    again = load_priors(tmp_path)
+    assert again is not first and again["greedy"]["const"][0].tolist() == [7.0, 1.0]
+    assert load_priors(None) == {} and load_priors(tmp_path / "none") == {}
+
+
 def test_greedy_and_sampled_generations_learn_separate_calibrations():
     """What the target accepts at T=0 says little about T=1: each mode has its own cells and fitted prior."""
     from drafttree.budget import CostModel, TreeBudget
