@@ -384,3 +384,24 @@ def test_stop_strings_wait_for_min_tokens(sm):
         assert len(late.tokens) > 10 and late.finish_reason == "stop", kw
     with pytest.raises(DraftTreeError, match="min_tokens"):
         sm.generate(prompt, max_new_tokens=5, min_tokens=6)
+
+
+def test_the_processs_first_load_freezes_its_objects_and_later_loads_do_not(monkeypatch, default_fp32):
+    import gc
+
+    from drafttree import api
+
+    monkeypatch.setattr(api, "load_model", lambda *a, **k: default_fp32)
+    monkeypatch.setattr(api, "_frozen", False)
+    gc.unfreeze()
+    try:
+        SpeculativeModel.from_pretrained(method="lookup", head=None, freeze_gc=False)
+        assert gc.get_freeze_count() == 0 and not api._frozen
+        SpeculativeModel.from_pretrained(method="lookup", head=None)
+        frozen = gc.get_freeze_count()
+        assert api._frozen and frozen > 1000, "the import-time objects are frozen"
+        keep = [[i] for i in range(5000)]  # objects made after the first load stay collectable
+        SpeculativeModel.from_pretrained(method="lookup", head=None)
+        assert gc.get_freeze_count() == frozen and keep
+    finally:
+        gc.unfreeze()

@@ -101,6 +101,22 @@ def test_draft_while_pays_judges_bursts_by_their_mean():
     assert sum(drive(DraftWhilePays(), 16, lambda i: 8 if i % 4 == 0 else 0, 400)) > 380
 
 
+def test_draft_while_pays_starts_a_new_batch_size_from_the_nearest_measured_one():
+    """A burst's rows leave and the batch walks down the sizes: a size first seen after another closed starts closed
+    (and probes), one first seen after another paid starts drafting; a broken rule that started every size from the
+    optimistic prior drafts the first rounds of each."""
+    p = DraftWhilePays()
+    drive(p, 32, lambda i: 0, 300)
+    assert not p.pays((32, "hybrid"))
+    smaller = drive(p, 16, lambda i: 0, 40)
+    assert not any(smaller[:15]), "closed at 32 rows: 16 rows start plain, then probe"
+    assert any(smaller[15:]), "and still probe"
+    q = DraftWhilePays()
+    drive(q, 32, lambda i: 4, 100)
+    assert all(drive(q, 16, lambda i: 4, 40)), "paid at 32 rows: 16 rows draft from the start"
+    assert sum(drive(DraftWhilePays(), 16, lambda i: 0, 40)[:15]) >= 8, "nothing measured: the optimistic prior"
+
+
 def test_draft_while_pays_keeps_each_mix_of_drafters_apart_and_leaves_one_row_to_its_drafter():
     p = DraftWhilePays()
     drive(p, 16, lambda i: 0, 300, kind="ar")

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
 
@@ -213,6 +215,35 @@ def test_a_batch_cache_keeps_rows_in_any_order_moving_in_place_only_where_no_row
     cache.select_rows(order)
     assert torch.equal(layer.keys, before_k[order]) and torch.equal(layer.values, before_v[order])
     assert (layer._k is buf) == all(r >= i for i, r in enumerate(order))
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/statm"), reason="reads resident memory from Linux's /proc")
+def test_large_cpu_cache_buffers_are_lazily_mapped_zeros_that_outlive_their_mapping_object():
+    """Big CPU buffers come from an anonymous mapping (untouched slots cost nothing); they read as zeros, take
+    writes, free their memory with the tensor, and small or non-CPU ones stay ordinary zeros."""
+    import gc
+
+    from drafttree.cache import LAZY_BYTES, zeros
+
+    like = torch.empty(0, dtype=torch.bfloat16)
+    big = zeros(like, 8, 3, LAZY_BYTES // (8 * 3 * 2) + 64)
+    gc.collect()  # only the tensor holds the mapping now
+    assert big.dtype == torch.bfloat16 and big.is_contiguous() and not big.any()
+    assert big.untyped_storage().nbytes() >= LAZY_BYTES
+    big[3, 1, 5:9] = 2.5
+    assert big.sum().item() == 2.5 * 4 and big[3, 1, 5].item() == 2.5
+    def resident() -> int:  # this process's resident memory, bytes
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+    before = resident()
+    huge = zeros(like, 64, 4, 4096, 128)  # 256 MiB
+    assert resident() - before < 32 << 20, "allocating maps nothing in"
+    huge[:, :, :16] = 1.0  # 1/256 of it touched
+    assert resident() - before < 32 << 20
+    del huge
+    small = zeros(like, 2, 3, 4)
+    assert small.shape == (2, 3, 4) and not small.any()
 
 
 @pytest.mark.parametrize("arch", ARCHS)

@@ -148,8 +148,17 @@ class DraftWhilePays(AlwaysDraft):
         self._rounds = {"draft": 0, "plain": 0}
 
     def pays(self, key: tuple[int, str]) -> bool:
-        s = self.sums.get(key)
+        s = self.sums.get(key) or self._nearest_sums(key)  # a new size: as the nearest size measured
         return s is None or s[0] * s[3] > s[2] * s[1]  # nothing measured yet: draft, and measure
+
+    def _nearest_sums(self, key: tuple[int, str]) -> list[float] | None:
+        """The sums of the batch size nearest ``key``'s (in factors of two; the larger of two as near) with the same
+        mix of drafters, or None."""
+        b, kind = key
+        known = [k for (k, m) in self.sums if m == kind and k != b]
+        if not known:
+            return None
+        return self.sums[(min(known, key=lambda k: (abs(k.bit_length() - b.bit_length()), -k)), kind)]
 
     def choose(self, rows: int, kind: str = "") -> bool:
         key = (bucket(rows), kind)
@@ -184,9 +193,12 @@ class DraftWhilePays(AlwaysDraft):
             return
         key = (bucket(rows), kind)
         s = self.sums.get(key)
-        if s is None:  # the prior: this round's costs, with accepted drafts that pay them twice over
-            k = self.prior_rounds
-            s = self.sums[key] = [2.0 * cost / rest * rows * k, rows * k, cost * k, rest * k]
+        if s is None:  # the prior: this round's costs, with the accepted drafts per row of the nearest batch size
+            # measured for this mix (a burst's rows leave and the batch walks down the sizes: each size starting over
+            # from an optimistic prior drafted half of a burst of 64's rounds), or, with none, drafts paying twice over
+            k, near = self.prior_rounds, self._nearest_sums(key)
+            per_row = near[0] / near[1] if near is not None else 2.0 * cost / rest
+            s = self.sums[key] = [per_row * rows * k, rows * k, cost * k, rest * k]
         d = self.decay
         for i, v in enumerate((float(tokens - rows), float(rows), cost, rest)):
             s[i] = d * s[i] + v
