@@ -25,6 +25,11 @@ def bucket(rows: int) -> int:
     return 1 << (max(1, rows).bit_length() - 1)
 
 
+def nearest(b: int, known) -> int | None:
+    """Of the measured buckets ``known``, the one nearest bucket ``b`` in factors of two (the larger of two as near)."""
+    return min(known, key=lambda k: (abs(k.bit_length() - b.bit_length()), -k), default=None)
+
+
 class DraftOrPlain:
     """Per batch-size bucket, the measured better of drafting and plain rounds, probing the other now and then.
 
@@ -46,8 +51,7 @@ class DraftOrPlain:
 
     def _nearest(self, b: int) -> int | None:
         """The measured batch size closest to ``b`` (in factors of two), for a size not measured yet."""
-        known = {k for (k, _) in self.rate if (k, True) in self.rate and (k, False) in self.rate}
-        return min(known, key=lambda k: (abs(k.bit_length() - b.bit_length()), -k)) if known else None
+        return nearest(b, {k for (k, _) in self.rate if (k, True) in self.rate and (k, False) in self.rate})
 
     def _best(self, b: int) -> bool:
         if (b, True) in self.rate and (b, False) in self.rate:
@@ -152,13 +156,10 @@ class DraftWhilePays(AlwaysDraft):
         return s is None or s[0] * s[3] > s[2] * s[1]  # nothing measured yet: draft, and measure
 
     def _nearest_sums(self, key: tuple[int, str]) -> list[float] | None:
-        """The sums of the batch size nearest ``key``'s (in factors of two; the larger of two as near) with the same
-        mix of drafters, or None."""
+        """The sums of the measured batch size nearest ``key``'s with the same mix of drafters, or None."""
         b, kind = key
-        known = [k for (k, m) in self.sums if m == kind and k != b]
-        if not known:
-            return None
-        return self.sums[(min(known, key=lambda k: (abs(k.bit_length() - b.bit_length()), -k)), kind)]
+        near = nearest(b, [k for (k, m) in self.sums if m == kind and k != b])
+        return None if near is None else self.sums[(near, kind)]
 
     def choose(self, rows: int, kind: str = "") -> bool:
         key = (bucket(rows), kind)
