@@ -417,6 +417,11 @@ def test_concurrency_steady_load_with_repeats(tmp_path, capsys):
     assert "steady load (2 requests per user in turn), median of 2 interleaved runs" in \
         (out / "concurrency.md").read_text()
     assert "alone_tps" not in rows[(2, "auto")]
+    for u in (1, 2):  # each repeat's auto run over the ar run of the same repeat
+        a, b = rows[(u, "auto")]["all_aggregate_tps"], rows[(u, "ar")]["all_aggregate_tps"]
+        assert rows[(u, "auto")]["paired_vs_ar"] == pytest.approx([x / y for x, y in zip(a, b)], rel=1e-2)
+        assert "paired_vs_ar" not in rows[(u, "ar")]
+    assert "(runs paired: median" in (out / "concurrency.md").read_text()
     out = tmp_path / "alone"
     assert main(["bench", "concurrency", "--users", "1,3", "--methods", "auto,ar", "--max-new-tokens", "4",
                  "--alone", "--dtype", "float32", "--out", str(out)]) == 0

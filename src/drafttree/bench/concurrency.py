@@ -208,6 +208,10 @@ def measure(sm, users: list[int], methods: list[str], max_new_tokens: int, tasks
             row = {"users": u, "method": m, "aggregate_tps": agg, "per_user_tps": per_user,
                    "tokens": sum(r["tokens"]), "wall": r["wall"], "tau": r["tau"], "mean_tree": r["tree"],
                    "requests": u * R, "all_aggregate_tps": [round(a, 2) for a in aggs]}
+            if m == "auto" and "ar" in runs and len(runs[m]) > 1:  # each repeat's auto run over its ar run (adjacent
+                # in time: the host's drift between repeats, 10-20% here, cancels in a pair, not in a ratio of medians)
+                row["paired_vs_ar"] = [round(sum(a["tokens"]) / a["wall"] / (sum(b["tokens"]) / b["wall"]), 4)
+                                       for a, b in zip(runs["auto"], runs["ar"])]
             if alone and m == "auto":
                 one = r if u * R == 1 else run_ours(sm, prompts[: u * R], m, max_new_tokens, max_batch=1)
                 row["alone_tps"] = sum(one["tokens"]) / one["wall"]
@@ -261,7 +265,10 @@ def table(rows: list[dict], methods: list[str]) -> str:
         extra = ""
         if "auto" in methods and "ar" in methods:
             a, b = get[(u, "auto")], get[(u, "ar")]
-            extra = f" {a['aggregate_tps'] / b['aggregate_tps']:.2f}x |"
+            pairs = a.get("paired_vs_ar")
+            extra = f" {a['aggregate_tps'] / b['aggregate_tps']:.2f}x" + (
+                f" (runs paired: median {statistics.median(pairs):.2f}x, {min(pairs):.2f}-{max(pairs):.2f}x) |"
+                if pairs else " |")
             extra += f" {a['aggregate_tps'] / alone['aggregate_tps']:.2f}x |" if alone else " – |"
         if same:
             a = get.get((u, "auto"), {})
