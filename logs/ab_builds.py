@@ -26,8 +26,8 @@ def smollm2_weights(exts: dict, generator):
     def w(n, k):
         t = huge_page_copy((torch.randn(n, k, generator=generator) / k**0.5).bfloat16())
         for e in exts.values():
-            if getattr(e, "packed", False) and e.amx_packable(t):
-                e.amx_register(t, huge_page_copy(e.amx_pack(t)))
+            if getattr(e, "packed", False) and e.packable(t):
+                e.register_packed(t, huge_page_copy(e.pack_weight(t)))
         return t
 
     layers = [dict(q=w(H, H), k=w(KV, H), v=w(KV, H), o=w(H, H), gate=w(I, H), up=w(I, H), down=w(H, I))

@@ -65,7 +65,7 @@ def test_a_group_mixing_weights_with_and_without_tiles_gives_each_products_bits(
     weight's result is what it gives alone, biases included."""
     ws, bs = zip(*(_weights(n, 96, seed=n) for n in (32, 40, 48)), strict=True)
     x = torch.randn(5, 96, generator=torch.Generator().manual_seed(5)).bfloat16()
-    assert [bool(ext.amx_packable(w)) for w in ws] == [True, False, True]
+    assert [bool(ext.packable(w)) for w in ws] == [True, False, True]
     for got, w, b in zip(ext.linears(x, list(ws), list(bs)), ws, bs, strict=True):
         assert torch.equal(got, ext.linear(x, w, b))
         torch.testing.assert_close(got.float(), F.linear(x.double(), w.double(), b.double()).bfloat16().float(),
@@ -86,8 +86,8 @@ def test_a_weight_changed_in_place_or_replaced_at_its_address_is_packed_again():
     assert torch.equal(ext.linear(x, w), ext.linear(x, w.clone()))
     assert not torch.equal(ext.linear(x, w), before)
     assert torch.equal(ext.linear(x, w[:16]), ext.linear(x, w.clone()[:16]))  # a view of its first rows: its own tiles
-    w.data.copy_(_weights(32, 64, seed=8, bias=False)[0])  # behind the version counter: forget_tiles
-    gemm.forget_tiles()
+    w.data.copy_(_weights(32, 64, seed=8, bias=False)[0])  # behind the version counter: forget_packed
+    gemm.forget_packed()
     torch.testing.assert_close(ext.linear(x, w).float(), _reference(x, w).float(), rtol=1 / 128, atol=1e-2)
     memory = bytearray(32 * 64 * 2)  # new weights (new storages) over the same memory: never the old tiles
     for seed in range(9, 12):
@@ -105,7 +105,7 @@ def test_a_models_tiles_are_packed_once_into_one_mapping_with_the_same_bits():
     x = torch.randn(4, 64, generator=torch.Generator().manual_seed(13)).bfloat16()
     with torch.no_grad():
         lazily = ext.linear(x, model[0].weight, model[0].bias)  # packed on first use
-        assert gemm.pack_tiles(model) == 64 * 48 * 2  # only the packable weight
+        assert gemm.pack_weights(model) == 64 * 48 * 2  # only the packable weight
         assert torch.equal(ext.linear(x, model[0].weight, model[0].bias), lazily)
         with fast_linears(model):
             inside = model(x)
@@ -138,8 +138,8 @@ def test_the_default_model_in_bf16_verifies_a_chain_with_the_logits_of_one_token
 @pytest.mark.skipif(ext is None, reason=f"small-GEMM kernel {kernel_status()}")
 def test_amx_is_on_where_the_cpu_has_it_and_off_when_switched_off():
     """Where this build and process can use AMX the tiles are on unless switched off, a CPU that lists AMX but cannot
-    use it says so (a warning: some kernels refuse the tile state), and DRAFTTREE_AMX=0 (or off) keeps every product on
-    the vector path."""
+    use it says so (a warning: some kernels refuse the tile state), and DRAFTTREE_AMX=0 (or off), with the AVX2 panels
+    off too (test_panels.py), keeps every product on the vector path."""
     import warnings
 
     switch = os.environ.get("DRAFTTREE_AMX", "1").strip().lower()
@@ -150,8 +150,8 @@ def test_amx_is_on_where_the_cpu_has_it_and_off_when_switched_off():
                       stacklevel=1)
     code = ("import torch; from drafttree.kernels import gemm; e = gemm.small_gemm(); "
             "m = torch.nn.Linear(64, 32).to(torch.bfloat16); "
-            "print(e.amx, gemm.amx_on(), gemm.pack_tiles(m), gemm.kernel_key().endswith('-amx'))")
+            "print(e.amx, gemm.amx_on(), gemm.pack_weights(m), gemm.kernel_key().endswith('-amx'))")
     for value in ("0", "off"):
         out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
-                             env={**os.environ, "DRAFTTREE_AMX": value}).stdout.split()
+                             env={**os.environ, "DRAFTTREE_AMX": value, "DRAFTTREE_PANELS": "0"}).stdout.split()
         assert out == ["False", "False", "0", "False"], (value, out)

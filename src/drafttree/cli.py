@@ -186,7 +186,7 @@ def cmd_calibrate(args) -> int:
     from drafttree.bench.config import positive_ints
     from drafttree.budget import calibration_path, compare_linear_kernels, cost_model_for, read_bandwidth, weight_bytes
     from drafttree.kernels import kernel_status, small_gemm, wide_bf16_products
-    from drafttree.kernels.gemm import MAX_ROWS, amx_on, chunked_bf16_products
+    from drafttree.kernels.gemm import MAX_ROWS, amx_on, chunked_bf16_products, panels_on
     from drafttree.models import load_model
     from drafttree.target import TargetModel
 
@@ -212,6 +212,8 @@ def cmd_calibrate(args) -> int:
     if kernel == "on" and lm.dtype == torch.bfloat16:
         if amx_on():
             kernel += ", bf16 products on AMX tiles"
+        elif panels_on():
+            kernel += ", bf16 products on AVX2 panels"
         else:  # which bf16 tile path this CPU timed faster at load
             kernel += ", bf16 tiles " + ("vdpbf16ps" if getattr(small_gemm(), "bf16_dot", False) else "FMA")
             kernel += ", prefill products " + ("float32 (widened)" if wide_bf16_products() else "torch bf16")

@@ -7,16 +7,11 @@
 // output: K from first to last, whatever the number of rows, so a row's result never depends on the rows computed
 // with it; every row count (a token, a tree, a prompt) takes this path, so a tree gives the logits a one-token step
 // would. The sums differ in order from the vector path's, as two GEMM libraries' do.
-// Weights are repacked once into tiles (amx_pack) and kept beside the original, looked up by (address, rows,
-// columns) and checked against the weight's storage and version counter (a weight freed or changed in place is
-// repacked).
+// Weights are repacked once into tiles (amx_pack) and kept beside the original (packed_weights.cpp).
 #include <ATen/Parallel.h>
 
 #include <algorithm>
 #include <cstring>
-#include <mutex>
-#include <map>
-#include <tuple>
 #include <vector>
 
 #include "kernels.h"
@@ -40,44 +35,6 @@ bool amx_usable() {
 #else
   return false;
 #endif
-}
-
-struct Packed {
-  c10::weak_intrusive_ptr<c10::StorageImpl> storage;  // the weight's: expired once it is freed
-  int64_t version;
-  torch::Tensor tiles;
-};
-using Key = std::tuple<const void*, int64_t, int64_t>;  // (address, N, K): a view of a weight's first rows is its own
-std::mutex packed_lock;
-// never destroyed: at exit its tensors may view memory that Python already freed (a huge-page mapping)
-std::map<Key, Packed>& packed_cache = *new std::map<Key, Packed>();
-
-Key key_of(const torch::Tensor& w) { return {w.data_ptr(), w.size(0), w.size(1)}; }
-
-// Entries of freed weights leave the cache (into `dropped`, destroyed by the caller after it let go of the lock: a
-// huge-page mapping's deleter takes the GIL).
-void sweep(std::vector<Packed>& dropped) {
-  for (auto i = packed_cache.begin(); i != packed_cache.end();) {
-    if (i->second.storage.expired()) {
-      dropped.push_back(std::move(i->second));
-      i = packed_cache.erase(i);
-    } else {
-      ++i;
-    }
-  }
-}
-
-int64_t version_of(const torch::Tensor& w) { return w.is_inference() ? -1 : static_cast<int64_t>(w._version()); }
-
-// w's tiles into the cache (the lock held), in place of freed weights' and of w's earlier ones (into `dropped`).
-void store(const torch::Tensor& w, const torch::Tensor& tiles, std::vector<Packed>& dropped) {
-  sweep(dropped);
-  auto it = packed_cache.find(key_of(w));
-  if (it != packed_cache.end()) {
-    dropped.push_back(std::move(it->second));
-    packed_cache.erase(it);
-  }
-  packed_cache.emplace(key_of(w), Packed{w.storage().getWeakStorageImpl(), version_of(w), tiles.view({-1})});
 }
 
 #ifdef DRAFTTREE_AMX
@@ -160,39 +117,6 @@ torch::Tensor amx_pack(const torch::Tensor& w) {
   return out;
 }
 
-// The weight's tiles: repacked on first use, and again after the weight changed in place (its version counter) or
-// was freed and another tensor put at its address. Not seen: writes that bypass the version counter (through
-// ``.data``, numpy, another tensor over the same memory; an inference tensor's in-place change): amx_forget() then.
-torch::Tensor amx_tiles(const torch::Tensor& w) {
-  std::vector<Packed> dropped;  // destroyed after the lock is released
-  std::lock_guard<std::mutex> guard(packed_lock);
-  const Key key = key_of(w);
-  auto it = packed_cache.find(key);
-  if (it != packed_cache.end() && it->second.storage.lock().get() == w.storage().unsafeGetStorageImpl() &&
-      it->second.version == version_of(w))
-    return it->second.tiles;
-  const torch::Tensor tiles = amx_pack(w);
-  store(w, tiles, dropped);
-  return tiles;
-}
-
-// Tiles packed by the caller (in memory of its choice: gemm.pack_tiles puts a model's in huge pages), as amx_pack
-// lays them out, for weight w.
-void amx_register(const torch::Tensor& w, const torch::Tensor& tiles) {
-  TORCH_CHECK(amx_packable(w) && tiles.scalar_type() == torch::kBFloat16 && tiles.is_contiguous() &&
-              tiles.numel() == w.numel(), "amx_register: not a packable weight and its tiles");
-  std::vector<Packed> dropped;
-  std::lock_guard<std::mutex> guard(packed_lock);
-  store(w, tiles, dropped);
-}
-
-// Forget every weight's tiles (after writes the cache cannot see); they are packed again on next use.
-void amx_forget() {
-  std::map<Key, Packed> dropped;
-  std::lock_guard<std::mutex> guard(packed_lock);
-  dropped.swap(packed_cache);
-}
-
 // y_i = x W_i^T (+ b_i) for bf16 weights that amx_packable() took: as linears() (its bf16 branch), on AMX tiles.
 std::vector<torch::Tensor> amx_linears(const torch::Tensor& x2, const std::vector<torch::Tensor>& ws,
                                        const std::vector<torch::Tensor>& fbias) {
@@ -200,7 +124,7 @@ std::vector<torch::Tensor> amx_linears(const torch::Tensor& x2, const std::vecto
   std::vector<torch::Tensor> outs, tiles;
   std::vector<int64_t> first(ws.size() + 1, 0);  // first unit (pair of 16-column blocks) of each weight
   for (size_t s = 0; s < ws.size(); ++s) {
-    tiles.push_back(amx_tiles(ws[s]));
+    tiles.push_back(packed_weight(ws[s]));
     outs.push_back(torch::empty({M, ws[s].size(0)}, x2.options()));
     first[s + 1] = first[s] + (ws[s].size(0) / 16 + 1) / 2;
   }

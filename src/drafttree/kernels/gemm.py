@@ -44,8 +44,9 @@ MAX_ROWS = 64
 SOURCE = Path(__file__).with_name("small_gemm.cpp")
 # the extension: the GEMM (and the module), bf16 products on AMX tiles, decode attention, prompt attention, RMSNorm
 # and rotary, a whole decode layer, and the vector backend they share
-SOURCES = tuple(SOURCE.with_name(n) for n in ("small_gemm.cpp", "amx_gemm.cpp", "tree_attention.cpp",
-                                              "prompt_attention.cpp", "layer_ops.cpp", "decode_layer.cpp", "kernels.h",
+SOURCES = tuple(SOURCE.with_name(n) for n in ("small_gemm.cpp", "amx_gemm.cpp", "panel_gemm.cpp",
+                                              "packed_weights.cpp", "tree_attention.cpp", "prompt_attention.cpp",
+                                              "layer_ops.cpp", "decode_layer.cpp", "kernels.h",
                                               "simd.h"))
 _DTYPES = (torch.float32, torch.bfloat16)
 NO_INDEX = torch.empty(0, dtype=torch.long)  # "not given" for the kernels' optional index tensors
@@ -157,7 +158,8 @@ def kernel_key() -> str:
         return "torch"
     dot = "-dot" if getattr(_ext, "bf16_dot", False) else ""  # vdpbf16ps tiles where they are faster (timed at load)
     amx = "-amx" if getattr(_ext, "amx", False) else ""  # bf16 products on AMX tiles (amx_gemm.cpp)
-    return f"small-gemm-{MAX_ROWS}-{_source_hash()}-x{getattr(_ext, 'lanes', 0)}{dot}{amx}"
+    panels = "-panels" if panels_on() else ""  # bf16 products on AVX2 panels (panel_gemm.cpp)
+    return f"small-gemm-{MAX_ROWS}-{_source_hash()}-x{getattr(_ext, 'lanes', 0)}{dot}{amx}{panels}"
 
 
 @functools.cache
@@ -172,35 +174,47 @@ def amx_on() -> bool:
     return bool(getattr(small_gemm(), "amx", False))
 
 
-def pack_tiles(model: torch.nn.Module) -> int:
-    """Repack ``model``'s bf16 linear weights into AMX tiles, all in one huge-page mapping (decoding streams them, as
-    it streamed the weights: kernels/memory.py), so the first forward does not pack them one by one in 4 KiB pages.
-    The weights stay as they are (torch's own forward reads them), so bf16 weights take twice their memory. A weight
-    changed in place through its version counter is repacked; writes that bypass it (``.data``, numpy) need
-    :func:`forget_tiles`. Returns the bytes packed (0: AMX off here)."""
+def panels_on() -> bool:
+    """Whether bf16 products take AVX2 panels here (``panel_gemm.cpp``: where the vector path is AVX2, unless
+    DRAFTTREE_PANELS=0; DRAFTTREE_PANELS=1 asks for them on AVX-512 too; never with AMX)."""
+    ext = small_gemm()
+    return ext is not None and bool(ext.panels_on())
+
+
+def packed_on() -> bool:
+    """Whether bf16 products take weights repacked once for a backend (AMX tiles or AVX2 panels), at every row count."""
+    return amx_on() or panels_on()
+
+
+def pack_weights(model: torch.nn.Module) -> int:
+    """Repack ``model``'s bf16 linear weights for the packed backend on here (AMX tiles, AVX2 panels), all in one
+    huge-page mapping (decoding streams them, as it streamed the weights: kernels/memory.py), so the first forward does
+    not pack them one by one in 4 KiB pages. The weights stay as they are (torch's own forward reads them), so bf16
+    weights take twice their memory. A weight changed in place through its version counter is repacked; writes that
+    bypass it (``.data``, numpy) need :func:`forget_packed`. Returns the bytes packed (0: no packed backend here)."""
     from drafttree.kernels.memory import ALIGN, huge_page_bytes
 
-    if not amx_on():
+    if not packed_on():
         return 0
     weights = list({id(m.weight): m.weight for m in model.modules() if isinstance(m, torch.nn.Linear)
-                    and _ext.amx_packable(m.weight)}.values())
+                    and _ext.packable(m.weight)}.values())
     sizes = [-(-w.numel() * 2 // ALIGN) * ALIGN for w in weights]
     raw = huge_page_bytes(sum(sizes)) if weights else None
     offset = 0
     with torch.inference_mode():
         for w, size in zip(weights, sizes, strict=True):
-            tiles = _ext.amx_pack(w)
+            packed = _ext.pack_weight(w)
             if raw is not None:
-                tiles = raw[offset:offset + w.numel() * 2].view(torch.bfloat16).copy_(tiles)
+                packed = raw[offset:offset + w.numel() * 2].view(torch.bfloat16).copy_(packed)
             offset += size
-            _ext.amx_register(w, tiles)
+            _ext.register_packed(w, packed)
     return offset
 
 
-def forget_tiles() -> None:
-    """Drop every weight's AMX tiles (they are packed again on next use): after writing weights behind torch's back."""
-    if amx_on():
-        _ext.amx_forget()
+def forget_packed() -> None:
+    """Drop every weight's packed copy (packed again on next use): after writing weights behind torch's back."""
+    if small_gemm() is not None:
+        _ext.forget_packed()
 
 
 def kernels_in_use() -> bool:
@@ -408,15 +422,15 @@ def _widened(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, keep: 
 
 
 def many_rows_linear(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """``F.linear`` for products the small-GEMM kernel does not take at once: bf16 ones with many rows on AMX tiles
-    where they are on (:func:`amx_on`), else through the kernel MAX_ROWS rows at a time where that was timed faster
-    (:func:`chunked_bf16_products`), else, on a CPU whose bf16 arithmetic is slow, in float32 on the widened values
-    (our own products only: fast_linears blocks and the drafters' :func:`linear`; never under torch_linears or with
-    autograd; see WIDE_MIN_ROWS), else torch's product on a weight packed once (:mod:`onednn`)."""
+    """``F.linear`` for products the small-GEMM kernel does not take at once: bf16 ones with many rows on AMX tiles or
+    AVX2 panels where they are on (:func:`packed_on`), else through the kernel MAX_ROWS rows at a time where that was
+    timed faster (:func:`chunked_bf16_products`), else, on a CPU whose bf16 arithmetic is slow, in float32 on the
+    widened values (our own products only: fast_linears blocks and the drafters' :func:`linear`; never under
+    torch_linears or with autograd; see WIDE_MIN_ROWS), else torch's product on a weight packed once (:mod:`onednn`)."""
     if (x.dtype is torch.bfloat16 and w.dtype is torch.bfloat16 and x.is_cpu and w.is_cpu and not _active.off
             and not torch.is_grad_enabled() and (bias is None or bias.dtype is torch.bfloat16)):
-        if amx_on() and _ext.amx_packable(w) and x.dim() >= 1 and x.shape[-1] == w.shape[1]:
-            return _ext.linear(x, w, bias)  # AMX tiles take any row count (a prompt's products too)
+        if packed_on() and _ext.packable(w) and x.dim() >= 1 and x.shape[-1] == w.shape[1]:
+            return _ext.linear(x, w, bias)  # AMX tiles and AVX2 panels take any row count (a prompt's products too)
         if _active.split is not None:
             out = _split_rows(x, w, bias)
             if out is not None:

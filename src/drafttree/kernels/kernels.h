@@ -3,6 +3,7 @@
 // tree_attention.cpp, decode_layer.cpp.
 #pragma once
 #include <torch/extension.h>
+#include <xmmintrin.h>
 
 #include <cstring>
 #include <vector>
@@ -24,16 +25,44 @@ inline void round_run(const float* o, const float* bias, at::BFloat16* r, int64_
   }
 }
 
+// bf16 products flush denormal inputs and results to zero (MXCSR DAZ + FTZ, for this thread while it lives), as
+// vdpbf16ps and AMX tiles do, so that the FMA paths give the instruction's bits; float32 keeps IEEE denormals.
+struct FlushDenormals {
+  unsigned saved;
+  bool on;
+  explicit FlushDenormals(bool flush) : saved(_mm_getcsr()), on(flush) {
+    if (on) _mm_setcsr(saved | 0x8040);
+  }
+  ~FlushDenormals() {
+    if (on) _mm_setcsr(saved);
+  }
+};
+
 // AMX tiles (amx_gemm.cpp): whether this build and this process can use them, whether they are switched on (at module
-// load: DRAFTTREE_AMX=0 keeps the vector path), whether a weight takes them, and the bf16 product on them.
+// load: DRAFTTREE_AMX=0 keeps the vector path), whether a weight takes them, its tiles, and the bf16 product on them.
 extern const bool AMX_READY;
 extern bool AMX_ON;
 bool amx_packable(const torch::Tensor& w);
 torch::Tensor amx_pack(const torch::Tensor& w);
-void amx_register(const torch::Tensor& w, const torch::Tensor& tiles);
-void amx_forget();
 std::vector<torch::Tensor> amx_linears(const torch::Tensor& x2, const std::vector<torch::Tensor>& ws,
                                        const std::vector<torch::Tensor>& fbias);
+// Panels (panel_gemm.cpp): bf16 products on AVX2 over weights repacked 16 columns at a time; on where this build's
+// vector path is AVX2 (set_panels switches them), never with AMX.
+extern const bool PANELS_READY;
+extern bool PANELS_ON;
+bool panel_packable(const torch::Tensor& w);
+torch::Tensor panel_pack(const torch::Tensor& w);
+std::vector<torch::Tensor> panel_linears(const torch::Tensor& x2, const std::vector<torch::Tensor>& ws,
+                                         const std::vector<torch::Tensor>& fbias);
+// Packed weights (packed_weights.cpp), for whichever of the two is on: whether a weight takes them, its packed copy
+// (made once, kept), a copy packed by the caller, forgetting them all, and the product (bf16 sums rounded, plus bias).
+bool packable(const torch::Tensor& w);
+torch::Tensor pack_weight(const torch::Tensor& w);
+torch::Tensor packed_weight(const torch::Tensor& w);
+void register_packed(const torch::Tensor& w, const torch::Tensor& packed);
+void forget_packed();
+std::vector<torch::Tensor> packed_linears(const torch::Tensor& x2, const std::vector<torch::Tensor>& ws,
+                                          const std::vector<torch::Tensor>& fbias);
 std::vector<torch::Tensor> linears(const torch::Tensor& x, const std::vector<torch::Tensor>& ws,
                                    const std::vector<c10::optional<torch::Tensor>>& biases);
 torch::Tensor linear(const torch::Tensor& x, const torch::Tensor& w, const c10::optional<torch::Tensor>& bias);

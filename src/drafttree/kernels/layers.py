@@ -424,7 +424,7 @@ def _install(model: torch.nn.Module) -> None:
     through one :class:`SharedInput` each, and Llama-style RMSNorms through the kernel (once per model)."""
     if getattr(model, "_drafttree_small_gemm", False):
         return
-    gemm.pack_tiles(model)  # first: the checks below run products (where bf16 products take AMX tiles)
+    gemm.pack_weights(model)  # first: the checks below run products (where bf16 products take packed weights)
     for module in model.modules():
         for names in SHARED_INPUT_NAMES:
             parts = [getattr(module, n, None) for n in names]

@@ -57,10 +57,10 @@ def linear(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None) -> torch
     if not available() or w.dim() != 2 or not w.is_contiguous() or x.shape[-1] != w.shape[1] or x.dim() < 2:
         return None
     x2 = x.reshape(-1, x.shape[-1])
-    packed = _packed(w)
-    if packed is None:
-        return None
-    try:
+    try:  # packing too may fail: oneDNN's bf16 reorder needs AVX-512 (BW/VL/DQ) or AVX-NE-CONVERT (not a Zen 3)
+        packed = _packed(w)
+        if packed is None:
+            return None
         out = torch.ops.mkldnn._linear_pointwise(x2.contiguous(), packed, bias, "none", [], "")
     except RuntimeError:
         _agrees = False

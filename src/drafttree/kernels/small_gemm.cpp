@@ -1,5 +1,6 @@
 // y = x W^T (+ b) for the few rows of decoding (1 to ~48: a token, a draft tree, a batch of trees); on CPUs with AMX
-// every bf16 product goes to amx_gemm.cpp instead (any row count; its own summation order).
+// every bf16 product goes to amx_gemm.cpp instead, and where the vector path is AVX2 to panel_gemm.cpp (any row
+// count; each its own summation order).
 //
 // Why: torch's CPU GEMM packs the weight matrix on every call, so a product with a handful of rows reads the
 // weights several times over; decoding is a stream of exactly such products. Here each block of weight rows
@@ -25,6 +26,7 @@
 
 namespace {
 using namespace drafttree_simd;
+using drafttree_kernels::FlushDenormals;
 using drafttree_kernels::round_run;
 
 // Up to this many rows a vdpbf16ps product is one tile (6 x 4 accumulators + 4 weight vectors + 1 input vector fit
@@ -178,19 +180,6 @@ void rows_times_cols(const T* x, int64_t M, const T* w, int64_t K, float* out, i
   last_rows<T, RT - 1, C, DOT, SPLIT>(M - m, x + m * K, w, K, out + m * N, N, share(chunk), ppi, left(chunk),
                                              split(m));
 }
-
-// bf16 products flush denormal inputs and results to zero (MXCSR DAZ + FTZ, for this thread while it lives), as
-// vdpbf16ps does, so that the FMA path gives the instruction's bits; float32 keeps IEEE denormals.
-struct FlushDenormals {
-  unsigned saved;
-  bool on;
-  explicit FlushDenormals(bool flush) : saved(_mm_getcsr()), on(flush) {
-    if (on) _mm_setcsr(saved | 0x8040);
-  }
-  ~FlushDenormals() {
-    if (on) _mm_setcsr(saved);
-  }
-};
 
 // Whether this CPU's vdpbf16ps gives exactly the FMA path's bits (checked once when the module loads, see
 // dot_matches_fma) and is the faster of the two here (dot_wanted): where not, every bf16 product takes the FMA path.
@@ -416,15 +405,15 @@ std::vector<torch::Tensor> linears(const torch::Tensor& x, const std::vector<tor
         fbias[i] = biases[i]->to(torch::kFloat32).contiguous();
         TORCH_CHECK(fbias[i].numel() == ws[i].size(0), "small_gemm: bad bias");
       }
-    // each weight on AMX tiles where it takes them (amx_gemm.cpp), else on the vector path: a weight's result never
-    // depends on the weights computed with it
+    // each weight on its packed copy where one backend takes it (AMX tiles, AVX2 panels: packed_weights.cpp), else on
+    // the vector path: a weight's result never depends on the weights computed with it
     std::vector<size_t> tiled, vectored;
-    for (size_t i = 0; i < ws.size(); ++i) (amx_packable(ws[i]) ? tiled : vectored).push_back(i);
+    for (size_t i = 0; i < ws.size(); ++i) (packable(ws[i]) ? tiled : vectored).push_back(i);
     outs.resize(ws.size());
     if (!tiled.empty()) {
       std::vector<torch::Tensor> tw, tb;
       for (size_t i : tiled) tw.push_back(ws[i]), tb.push_back(fbias[i]);
-      auto got = amx_linears(x2, tw, tb);
+      auto got = packed_linears(x2, tw, tb);
       for (size_t j = 0; j < tiled.size(); ++j) outs[tiled[j]] = got[j];
     }
     if (!vectored.empty()) {
@@ -471,14 +460,29 @@ torch::Tensor gated_mlp(const torch::Tensor& x, const torch::Tensor& gate, const
 }  // namespace drafttree_kernels
 
 namespace {
-bool env_says_off(const char* name) {  // 0 / off / false / no, as the Python side reads its switches
+std::string env_word(const char* name) {  // a switch's value, trimmed and lower-cased ("" when unset)
   const char* v = std::getenv(name);
-  if (v == nullptr) return false;
+  if (v == nullptr) return "";
   std::string s(v);
   s.erase(0, s.find_first_not_of(" \t"));
   s.erase(s.find_last_not_of(" \t") + 1);
   std::transform(s.begin(), s.end(), s.begin(), [](unsigned char c) { return std::tolower(c); });
+  return s;
+}
+bool env_says_off(const char* name) {  // 0 / off / false / no, as the Python side reads its switches
+  const std::string s = env_word(name);
   return s == "0" || s == "off" || s == "false" || s == "no";
+}
+bool env_says_on(const char* name) {
+  const std::string s = env_word(name);
+  return s == "1" || s == "on" || s == "true" || s == "yes";
+}
+
+// Panels where the vector path is AVX2 (8 lanes: measured faster there) or DRAFTTREE_PANELS=1 asks for them; never with
+// AMX on; DRAFTTREE_PANELS=0 keeps the vector path. Returns whether they are on now.
+bool set_panels(bool on) {
+  drafttree_kernels::PANELS_ON = on && drafttree_kernels::PANELS_READY && !drafttree_kernels::AMX_ON;
+  return drafttree_kernels::PANELS_ON;
 }
 }  // namespace
 
@@ -493,6 +497,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   AMX_ON = AMX_READY && !env_says_off("DRAFTTREE_AMX");
   m.attr("amx_ready") = AMX_READY;  // this build and this process can use AMX tiles
   m.attr("amx") = AMX_ON;  // bf16 products of every row count take them (amx_gemm.cpp), unless DRAFTTREE_AMX=0
+  set_panels(env_says_on("DRAFTTREE_PANELS") || (LANES == 8 && !env_says_off("DRAFTTREE_PANELS")));
+  m.attr("panels_ready") = drafttree_kernels::PANELS_READY;
+  m.def("panels_on", []() { return drafttree_kernels::PANELS_ON; });  // bf16 products on AVX2 panels (panel_gemm.cpp)
+  m.def("set_panels", &set_panels, py::arg("on"));  // switch them (tests, in-process A/B): whether they are on now
   m.def("linear", &drafttree_kernels::linear, py::arg("x"), py::arg("w"), py::arg("bias") = py::none(),
         py::call_guard<py::gil_scoped_release>());  // only torch ops inside: other Python threads keep running
   m.def("linears", &drafttree_kernels::linears, py::arg("x"), py::arg("ws"), py::arg("biases"),
@@ -509,11 +517,11 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("tree_attention", &drafttree_kernels::tree_attention, py::arg("q"), py::arg("k"), py::arg("v"),
         py::arg("mask"), py::arg("q_row"), py::arg("q_node"), py::arg("key_len"), py::arg("per_row"),
         py::arg("scale"), py::call_guard<py::gil_scoped_release>());
-  m.def("amx_packable", &drafttree_kernels::amx_packable, py::arg("w"));
-  m.def("amx_pack", &drafttree_kernels::amx_pack, py::arg("w"), py::call_guard<py::gil_scoped_release>());
-  m.def("amx_register", &drafttree_kernels::amx_register, py::arg("w"), py::arg("tiles"),
+  m.def("packable", &drafttree_kernels::packable, py::arg("w"));  // a packed backend (AMX, panels) takes it here
+  m.def("pack_weight", &drafttree_kernels::pack_weight, py::arg("w"), py::call_guard<py::gil_scoped_release>());
+  m.def("register_packed", &drafttree_kernels::register_packed, py::arg("w"), py::arg("packed"),
         py::call_guard<py::gil_scoped_release>());
-  m.def("amx_forget", &drafttree_kernels::amx_forget, py::call_guard<py::gil_scoped_release>());
+  m.def("forget_packed", &drafttree_kernels::forget_packed, py::call_guard<py::gil_scoped_release>());
   m.def("decode_layer", &drafttree_kernels::decode_layer, py::call_guard<py::gil_scoped_release>());
   m.attr("prompt_attention_ready") = drafttree_kernels::prompt_attention_ready();  // AVX-512 bf16 build
   m.def("prompt_attention", &drafttree_kernels::prompt_attention, py::arg("q"), py::arg("k"), py::arg("v"),
