@@ -397,7 +397,7 @@ def test_concurrency_conversations_with_the_prefix_cache(tmp_path, capsys):
     assert "20 users need 20" in capsys.readouterr().err
 
 
-def test_concurrency_steady_load_with_repeats(tmp_path, capsys):
+def test_concurrency_steady_load_with_repeats(tmp_path, capsys, monkeypatch):
     """``bench concurrency``: U users x R requests served U at a time, methods interleaved, the median run
     reported with every run's figure; hf-ar (one padded batch) refuses a steady load."""
     from drafttree.cli import main
@@ -423,8 +423,21 @@ def test_concurrency_steady_load_with_repeats(tmp_path, capsys):
         assert "paired_vs_ar" not in rows[(u, "ar")]
     assert "(runs paired: median" in (out / "concurrency.md").read_text()
     out = tmp_path / "alone"
-    assert main(["bench", "concurrency", "--users", "1,3", "--methods", "auto,ar", "--max-new-tokens", "4",
+    from drafttree.bench import concurrency
+
+    calls = []
+    real = concurrency.run_ours
+
+    def counted(sm, prompts, spec, max_new_tokens, max_batch=None, cached=None):
+        calls.append((spec, len(prompts), max_new_tokens, max_batch))
+        return real(sm, prompts, spec, max_new_tokens, max_batch=max_batch, cached=cached)
+
+    monkeypatch.setattr(concurrency, "run_ours", counted)
+    assert main(["bench", "concurrency", "--users", "1,3", "--methods", "auto,ar", "--max-new-tokens", "5",
                  "--alone", "--dtype", "float32", "--out", str(out)]) == 0
+    # warm-up: both methods at 2 rows, then an untimed short burst of both at 3 users before 3 users' timed runs
+    three = [c for c in calls if c[1] == 3]
+    assert three[:2] == [("auto", 3, 4, 3), ("ar", 3, 4, 3)] and all(c[2] == 5 for c in three[2:])
     rows = {(r["users"], r["method"]): r for r in json.loads((out / "concurrency.json").read_text())["rows"]}
     assert rows[(1, "auto")]["alone_tps"] == rows[(1, "auto")]["aggregate_tps"]  # one request: the run itself
     assert rows[(3, "auto")]["alone_tps"] > 0 and "alone_tps" not in rows[(3, "ar")]

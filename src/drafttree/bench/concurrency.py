@@ -192,6 +192,8 @@ def measure(sm, users: list[int], methods: list[str], max_new_tokens: int, tasks
             (run_hf(sm, prompts[:2], 8) if m == "hf-ar" else run_ours(sm, prompts[:2], m, 8, cached=cached))
     rows = []
     for u in users:
+        if warmup and u * R > 2:
+            _warm_batch(sm, methods, prompts[: u * R], u, cached)
         runs: dict[str, list[dict]] = {m: [] for m in methods}
         for rep in range(max(1, repeats)):
             # interleaved, the order reversed every other repeat: a change in machine load (or whatever the run
@@ -221,6 +223,17 @@ def measure(sm, users: list[int], methods: list[str], max_new_tokens: int, tasks
                   f"{row['per_user_tps']:6.2f} tok/s   tau {row['tau']:.2f}   tree {row['mean_tree']:.1f}{spread}",
                   file=sys.stderr, flush=True)
     return rows
+
+
+def _warm_batch(sm, methods: list[str], prompts: list[str], users: int, cached: dict) -> None:
+    """A short untimed burst of every method at this batch size: the first run at a new size grows the shared cache
+    to its rows and the longest prompt, and meets the size's first shapes; charged to whichever method ran first
+    (in stop 66's burst of 64 the first pair measured 0.77x, the next ones 0.93-1.05x)."""
+    for m in methods:
+        if m == "hf-ar":
+            run_hf(sm, prompts[:users], 4)
+        else:
+            run_ours(sm, prompts, m, 4, max_batch=users, cached=cached)
 
 
 def _measure_conversations(sm, users, methods, max_new_tokens, convs, warmup, repeats, cached) -> list[dict]:
