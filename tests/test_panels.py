@@ -113,3 +113,15 @@ def test_panels_are_on_by_default_only_where_the_vector_path_is_avx2():
         assert ext.panels_on() == (ext.panels_ready and ext.lanes == 8 and not gemm.amx_on())
     if gemm.amx_on():
         assert not ext.set_panels(True)  # never beside AMX: one packed backend a process
+
+
+def test_a_kernel_switch_set_to_a_word_the_extension_does_not_read_is_reported():
+    """The extension takes any value it does not know as "default": a typo must get a line, the known words none."""
+    quiet = {"DRAFTTREE_PANELS": " Off ", "DRAFTTREE_AMX": "1", "DRAFTTREE_BF16_DOT": "auto", "PATH": "x"}
+    assert gemm.switch_problems(quiet) == []
+    assert gemm.switch_problems({"DRAFTTREE_PANELS": "", "DRAFTTREE_AMX": "yes"}) == []
+    loud = gemm.switch_problems({"DRAFTTREE_PANELS": "flase", "DRAFTTREE_AMX": "2", "DRAFTTREE_BF16_DOT": "on"})
+    assert len(loud) == 3
+    assert any(p.startswith("DRAFTTREE_PANELS") and "'flase'" in p for p in loud)
+    assert any(p.startswith("DRAFTTREE_AMX") and "'2'" in p for p in loud)
+    assert all("\n" not in p for p in loud)

@@ -26,7 +26,7 @@ import shutil
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 
 import torch
@@ -90,6 +90,26 @@ def _why_not() -> str | None:
     return None
 
 
+_ON_WORDS, _OFF_WORDS = ("1", "on", "true", "yes"), ("0", "off", "false", "no")
+# what the extension does with a value it does not know (small_gemm.cpp reads these switches itself)
+_SWITCH_FALLBACK = {"DRAFTTREE_PANELS": "panels where the vector path is AVX2, as by default",
+                    "DRAFTTREE_AMX": "AMX tiles where the CPU has them, as by default"}
+
+
+def switch_problems(env: Mapping[str, str]) -> list[str]:
+    """One line per kernel switch in ``env`` set to a value the extension does not read (it would silently take the
+    default: a typo such as DRAFTTREE_PANELS=flase must not pass unnoticed)."""
+    problems = []
+    dot = env.get("DRAFTTREE_BF16_DOT")
+    if dot is not None and dot not in ("0", "1", "auto", ""):
+        problems.append(f"DRAFTTREE_BF16_DOT must be 0, 1 or auto, not {dot!r}; timing both paths instead")
+    for name, fallback in _SWITCH_FALLBACK.items():
+        value = env.get(name)
+        if value is not None and value.strip().lower() not in (*_ON_WORDS, *_OFF_WORDS, ""):
+            problems.append(f"{name} must be 0/off/false/no or 1/on/true/yes, not {value!r}; using {fallback}")
+    return problems
+
+
 def small_gemm():
     """The compiled extension (``linear(x, w, bias)``), or None where it cannot be used (see :func:`kernel_status`)."""
     global _ext, _status
@@ -99,10 +119,8 @@ def small_gemm():
         if _status is not None:
             return _ext
         reason = _why_not()
-        dot = os.environ.get("DRAFTTREE_BF16_DOT")
-        if dot is not None and dot not in ("0", "1", "auto", ""):
-            print(f"drafttree: DRAFTTREE_BF16_DOT must be 0, 1 or auto, not {dot!r}; timing both paths instead",
-                  file=sys.stderr)
+        for problem in switch_problems(os.environ):
+            print(f"drafttree: {problem}", file=sys.stderr)
         if reason is None:
             try:
                 _ext = _build()
