@@ -42,6 +42,32 @@ def default_fp32():
     return load_model("smollm2-135m-instruct", dtype="float32", device="cpu", show_progress=False)
 
 
+# the server tests' model, server and greedy reference (test_server.py, test_server_openai.py; their client:
+# server_client.py). Module-scoped: each of those files gets its own server; a test file that defines its own ``sm``
+# or ``server`` (test_server_load.py, test_api_cli.py, ...) keeps its own.
+@pytest.fixture(scope="module")
+def sm(default_fp32):
+    from drafttree import SpeculativeModel
+
+    return SpeculativeModel(default_fp32, method="lookup")
+
+
+@pytest.fixture(scope="module")
+def server(sm):
+    from drafttree.server import ServerThread, create_app
+
+    srv = ServerThread(create_app(sm, max_body_bytes=256 * 1024)).start()
+    yield srv
+    srv.stop()
+
+
+@pytest.fixture(scope="module")
+def expected(sm):
+    from server_client import MESSAGES
+
+    return sm.generate(MESSAGES, max_new_tokens=12)
+
+
 def chi2_pvalue(counts: np.ndarray, probs: np.ndarray, min_expected: float = 5.0) -> float:
     """Pearson chi-square goodness of fit, pooling cells whose expected count is below ``min_expected``."""
     from scipy.stats import chi2
