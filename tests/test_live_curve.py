@@ -11,7 +11,7 @@ from drafttree.budget import BudgetRounds, CostModel, TreeBudget
 from drafttree.drafters.base import Drafter, DraftRequest
 from drafttree.drafters.hybrid import HybridDrafter
 from drafttree.live_curve import LiveCurve
-from tests.test_hybrid import ConstantSource
+from tests.constant_source import ConstantSource
 
 CACHED = CostModel([1, 2, 4, 8, 16], [1.0, 1.1, 1.2, 1.3, 2.0])
 

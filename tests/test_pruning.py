@@ -10,7 +10,8 @@ from drafttree.accept import Sampling
 from drafttree.drafters.hybrid import HybridDrafter
 from drafttree.sources.base import RoundContext
 from tests.conftest import tiny_causal_lm
-from tests.test_hybrid import PROMPT, VOCAB, ConstantSource
+from tests.constant_source import ConstantSource
+from tests.test_hybrid_distribution import PROMPT, VOCAB
 
 
 class PeakedStepper:
