@@ -155,7 +155,6 @@ def _kernel_rotary(original):
     (vectorised; a prompt's tokens split over the threads) took 3 us against torch's 41 for one token, 11 against 54
     for 16 and 0.7 ms against 1.3 for a 2,629-token packed prefill (Zen 4, bf16, 2 threads, per layer)."""
 
-    @functools.wraps(original)
     def apply_rotary_pos_emb(q, k, cos, sin, *args, **kwargs):
         if (not _active.depth or _active.off or args or (kwargs and (len(kwargs) > 1
                 or kwargs.get("unsqueeze_dim", 0) != 1)) or q.dim() != 4 or k.dim() != 4 or cos.dim() != 3
@@ -165,8 +164,31 @@ def _kernel_rotary(original):
         q_out, k_out = gemm._ext.rotary(q, k, cos, sin)
         return q_out, k_out
 
-    apply_rotary_pos_emb._drafttree_original = original
-    return apply_rotary_pos_emb
+    if not isinstance(original, torch.nn.Module):
+        apply_rotary_pos_emb = functools.wraps(original)(apply_rotary_pos_emb)
+        apply_rotary_pos_emb._drafttree_original = original
+        return apply_rotary_pos_emb
+
+    stock = type(original)
+
+    class KernelRotary(stock):
+        """transformers >= 5.25 makes the function a ``kernels`` module, gives each attention module a copy and pickles
+        (and deep-copies) that copy as ``type(modeling.apply_rotary_pos_emb)()``: here that call builds the stock module,
+        so copies stay stock (a model that ran here still pickles), while this instance's ``__call__`` takes the kernel
+        without the module call machinery."""
+
+        __module__ = stock.__module__
+        _drafttree_original = original
+
+        def __new__(cls, *args, **kwargs):
+            return stock()
+
+        def __call__(self, *args, **kwargs):
+            return apply_rotary_pos_emb(*args, **kwargs)
+
+    fast = object.__new__(KernelRotary)
+    stock.__init__(fast)
+    return fast
 
 
 def _install_rotary(model: torch.nn.Module) -> None:
