@@ -212,9 +212,10 @@ def test_a_cached_cost_curve_is_read_once_per_process_and_again_when_its_file_ch
     import os
     from types import SimpleNamespace
 
+    from drafttree import budget
     from drafttree.budget import calibration_path, cost_model_for
 
-    monkeypatch.setenv("DRAFTTREE_CACHE", str(tmp_path))
+    monkeypatch.setattr(budget, "calibration_dir", lambda: tmp_path / "calibration")  # the kernel stays put
     runner = SimpleNamespace(device=torch.device("cpu"), dtype=torch.float32,
                              config=SimpleNamespace(num_hidden_layers=2, hidden_size=8))
     path = calibration_path(runner, "m")
@@ -226,6 +227,39 @@ def test_a_cached_cost_curve_is_read_once_per_process_and_again_when_its_file_ch
     st = path.stat()
     os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns + 10**9))  # a re-calibration, a second later
     assert cost_model_for(runner, "m", quiet=True).verify(8) == 0.03
+
+
+def test_two_processes_needing_a_curve_at_once_measure_it_once(tmp_path, monkeypatch):
+    """Two servers (or test workers) starting together: one measures, the other waits for its file and reads it
+    (not timing forwards against the first's), and nobody reads half a file."""
+    import threading
+    import time
+    from types import SimpleNamespace
+
+    from drafttree import budget
+
+    monkeypatch.setattr(budget, "calibration_dir", lambda: tmp_path / "calibration")  # the kernel stays put
+    runner = SimpleNamespace(device=torch.device("cpu"), dtype=torch.float32,
+                             config=SimpleNamespace(num_hidden_layers=2, hidden_size=8))
+    calls = []
+
+    def slow_measure(r, show_progress=False):
+        calls.append(threading.get_ident())
+        time.sleep(0.3)
+        return budget.CostModel([1, 8], [0.01, 0.02 + len(calls)])
+
+    monkeypatch.setattr(budget, "measure_verify_costs", slow_measure)
+    monkeypatch.setattr(budget, "_LOADED", {})
+    got = []
+    workers = [threading.Thread(target=lambda: got.append(budget.cost_model_for(runner, "m", quiet=True)))
+               for _ in range(2)]
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.join()
+    assert len(calls) == 1, "the second process measured again instead of reading the first's curve"
+    assert [c.verify(8) for c in got] == [1.02, 1.02]
+    assert list(budget.calibration_path(runner, "m").parent.glob("*.tmp")) == []
 
 
 def test_a_seldom_tested_level_reads_optimistic_and_a_well_tested_one_as_it_is():

@@ -15,6 +15,7 @@ import contextlib
 import hashlib
 import json
 import math
+import os
 import sys
 import time
 from dataclasses import dataclass, field
@@ -320,29 +321,56 @@ def calibration_path(runner, name: str) -> Path:
 _LOADED: dict[Path, tuple[tuple[int, int], CostModel]] = {}  # curves read from disk, by file mtime and size
 
 
+def _read_curve(path: Path) -> CostModel:
+    st = path.stat()
+    stamp = (st.st_mtime_ns, st.st_size)
+    cached = _LOADED.get(path)
+    if cached is None or cached[0] != stamp:  # read once per process (a server builds drafters per request)
+        d = json.loads(path.read_text())
+        cached = _LOADED[path] = (stamp, CostModel(d["sizes"], d["seconds"], d.get("context", 0),
+                                                   d.get("per_key", 0.0)))
+    return cached[1]
+
+
+@contextlib.contextmanager
+def _measuring_lock(path: Path):
+    """One process measures a curve at a time (two servers or test workers starting together): the others wait and
+    then read its file, instead of timing forwards against each other's."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        import fcntl
+    except ImportError:  # Windows: no lock; the atomic write below still keeps readers from half a file
+        yield
+        return
+    with open(path.with_suffix(".lock"), "w") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
 def cost_model_for(runner, name: str, refresh: bool = False, quiet: bool = False) -> CostModel:
     """The cached verify-cost curve of this model on this machine, measured (with a visible line) on first use
     or when ``refresh``; ``drafttree calibrate`` runs and prints it."""
     path = calibration_path(runner, name)
     if path.exists() and not refresh:
+        return _read_curve(path)
+    with _measuring_lock(path):
+        if path.exists() and not refresh:  # another process measured it while this one waited
+            return _read_curve(path)
+        if not quiet:
+            print(f"[drafttree] measuring how long {name} takes to verify 1..{SIZES[-1]} tokens on this machine "
+                  f"(once per machine; cached in {path})", file=sys.stderr, flush=True)
+        cm = measure_verify_costs(runner, show_progress=not quiet)
+        tmp = path.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_text(json.dumps({"model": name, "dtype": str(runner.dtype), "device": str(runner.device),
+                                   "threads": torch.get_num_threads(), "sizes": cm.sizes, "seconds": cm.seconds,
+                                   "relative": cm.relative(), "context": cm.context, "per_key": cm.per_key},
+                                  indent=1))
+        os.replace(tmp, path)  # readers see the old file or the whole new one, never half of it
         st = path.stat()
-        stamp = (st.st_mtime_ns, st.st_size)
-        cached = _LOADED.get(path)
-        if cached is None or cached[0] != stamp:  # read once per process (a server builds drafters per request)
-            d = json.loads(path.read_text())
-            cached = _LOADED[path] = (stamp, CostModel(d["sizes"], d["seconds"], d.get("context", 0),
-                                                       d.get("per_key", 0.0)))
-        return cached[1]
-    if not quiet:
-        print(f"[drafttree] measuring how long {name} takes to verify 1..{SIZES[-1]} tokens on this machine "
-              f"(once per machine; cached in {path})", file=sys.stderr, flush=True)
-    cm = measure_verify_costs(runner, show_progress=not quiet)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps({"model": name, "dtype": str(runner.dtype), "device": str(runner.device),
-                                "threads": torch.get_num_threads(), "sizes": cm.sizes, "seconds": cm.seconds,
-                                "relative": cm.relative(), "context": cm.context, "per_key": cm.per_key}, indent=1))
-    st = path.stat()
-    _LOADED[path] = ((st.st_mtime_ns, st.st_size), cm)
+        _LOADED[path] = ((st.st_mtime_ns, st.st_size), cm)
     return cm
 
 
