@@ -6,6 +6,8 @@ TORCH  ?= torch==2.13.0
 BIN    := $(VENV)/bin
 PROMPT ?= Write a Python function that checks whether a string is a palindrome, then explain how it works.
 ARGS   ?=
+# pytest-xdist processes for make test (each file on one of them; the cores are shared out: tests/conftest.py)
+TEST_WORKERS ?= 2
 
 .PHONY: install demo test lint bench-quick clean
 
@@ -28,7 +30,7 @@ lint: install
 	$(BIN)/ruff check src tests
 
 test: install lint
-	$(BIN)/python -m pytest -q $(ARGS)
+	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile --durations=15 $(ARGS)
 
 bench-quick: install
 	$(BIN)/drafttree bench --quick --out runs/bench-quick

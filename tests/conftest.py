@@ -2,9 +2,25 @@
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import pytest
 import torch
+
+
+def _threads_per_worker() -> int:
+    """The CPU's cores shared among pytest-xdist's workers (``make test`` runs two): two processes of two torch
+    threads each on two cores would spin against each other."""
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1") or 1)
+    return max(1, (os.cpu_count() or 1) // max(1, workers))
+
+
+def pytest_configure(config):
+    threads = _threads_per_worker()
+    torch.set_num_threads(threads)
+    if os.environ.get("PYTEST_XDIST_WORKER"):  # the CLI runs in subprocesses keep to their worker's share too
+        os.environ["OMP_NUM_THREADS"] = str(threads)
 
 
 def tiny_causal_lm(arch: str = "llama", vocab: int = 64, hidden: int = 32, layers: int = 2, seed: int = 0,
@@ -38,7 +54,7 @@ def default_fp32():
     """The real default model in float32 (lossless claims are made in float32)."""
     from drafttree.models import load_model
 
-    torch.set_num_threads(2)
+    torch.set_num_threads(_threads_per_worker())
     return load_model("smollm2-135m-instruct", dtype="float32", device="cpu", show_progress=False)
 
 
