@@ -172,10 +172,10 @@ def _kernel_rotary(original):
     stock = type(original)
 
     class KernelRotary(stock):
-        """transformers >= 5.25 makes the function a ``kernels`` module, gives each attention module a copy and pickles
-        (and deep-copies) that copy as ``type(modeling.apply_rotary_pos_emb)()``: here that call builds the stock module,
-        so copies stay stock (a model that ran here still pickles), while this instance's ``__call__`` takes the kernel
-        without the module call machinery."""
+        """transformers >= 5.25 makes the function a ``kernels`` module, gives each attention module a copy and
+        pickles (and deep-copies) that copy as ``type(modeling.apply_rotary_pos_emb)()``: here that call builds the
+        stock module, so copies stay stock (a model that ran here still pickles), while this instance's ``__call__``
+        takes the kernel without the module call machinery."""
 
         __module__ = stock.__module__
         _drafttree_original = original
