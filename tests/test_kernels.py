@@ -149,6 +149,26 @@ def test_empty_inputs_and_a_model_that_still_pickles():
 
 
 @needs_kernel
+def test_a_llama_that_ran_with_the_kernels_pickles_and_deep_copies():
+    """The rotary kernel replaces the modeling module's ``apply_rotary_pos_emb``; transformers 5.25 rebuilds each
+    attention module's copy of that function from the name's type when a model pickles (CI broke on it)."""
+    import copy
+    import pickle
+
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(3)
+    model = LlamaForCausalLM(LlamaConfig(vocab_size=64, hidden_size=48, intermediate_size=96, num_hidden_layers=2,
+                                         num_attention_heads=4, num_key_value_heads=2)).eval().to(torch.bfloat16)
+    ids = torch.randint(0, 64, (1, 7))
+    with torch.no_grad(), fast_linears(model):
+        ref = model(ids).logits
+    for again in (pickle.loads(pickle.dumps(model)), copy.deepcopy(model)):
+        with torch.no_grad(), fast_linears(again):
+            assert torch.equal(again(ids).logits, ref)
+
+
+@needs_kernel
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("rows", [1, 3, 16])
 def test_several_products_in_one_call_equal_each_product_alone(dtype, rows):
