@@ -4,6 +4,8 @@ DraftWhilePays (rounds draft while their accepted drafts pay for the drafting an
 import pytest
 
 from drafttree.batching.policy import DraftOrPlain, DraftWhilePays, bucket
+from drafttree.drafters.base import Drafter
+from drafttree.tree import DraftTree
 
 
 def run(policy: DraftOrPlain, rows: int, rates: dict[bool, float], rounds: int) -> list[bool]:
@@ -68,16 +70,17 @@ def test_the_round_after_a_switch_is_not_what_the_mode_costs():
 
 
 def drive(policy: DraftWhilePays, rows: int, gains, rounds: int, cost: float = 2.0, rest: float = 30.0,
-          kind: str = "hybrid") -> list[bool]:
+          kind: str = "hybrid", tail: bool = False, tail_gains=lambda i: 0) -> list[bool]:
     """``rounds`` rounds of ``rows`` rows; a drafting round accepts ``gains(i)`` drafts over the roots for ``cost``
-    seconds of drafting and verification on top of ``rest`` (plain rounds accept the roots only)."""
+    seconds of drafting and verification on top of ``rest`` (plain rounds accept the roots only), of which
+    ``tail_gains(i)`` are the row with the most tokens left's; ``tail``: nobody waits for a row."""
     choices = []
     for i in range(rounds):
-        d = policy.choose(rows, kind)
+        d = policy.choose(rows, kind, tail=tail)
         choices.append(d)
         g = gains(i) if d else 0
         policy.record(rows, d, rows + g, rest + (cost if d else 0.0), drafting=cost / 2 if d else 0.0,
-                      extra_verify=cost / 2 if d else 0.0, kind=kind)
+                      extra_verify=cost / 2 if d else 0.0, kind=kind, tail_drafts=tail_gains(i) if d else 0)
     return choices
 
 
@@ -123,6 +126,87 @@ def test_draft_while_pays_keeps_each_mix_of_drafters_apart_and_leaves_one_row_to
     assert drive(p, 16, lambda i: 3, 20, kind="hybrid") == [True] * 20, "ar rows' rounds do not close auto's"
     assert p.pays((16, "hybrid")) and not p.pays((16, "ar"))
     assert all(drive(DraftWhilePays(), 1, lambda i: 0, 50)), "one row: its drafter's own budget decides"
+
+
+def test_with_nobody_waiting_drafting_rounds_are_judged_by_the_row_the_batch_waits_for():
+    """A burst's 4 rows, 2 s of drafting on 30 s rounds (drafting pays above 4 x 2 / 30 = 0.27 drafts a row): the rows
+    accept 4 drafts a round, all of them the rows that will finish first; the row with the most tokens left accepts
+    none. With requests waiting, early finishers let them in and every row's drafts count: rounds draft. With nobody
+    waiting, the batch lasts as long as that row and drafting only delays it: plain rounds but for probes. A broken
+    policy that ignored ``tail`` would draft here; the same row accepting 1 draft a round (worth a round of every
+    row) keeps the rounds drafting."""
+    assert all(drive(DraftWhilePays(), 4, lambda i: 4, 300)), "requests waiting: the rows' 4 drafts a round pay"
+    burst = drive(DraftWhilePays(), 4, lambda i: 4, 600, tail=True)
+    assert all(burst[:8]) and sum(burst[-300:]) < 30, "nobody waiting: the last row's 0 drafts close the rounds"
+    assert all(drive(DraftWhilePays(), 4, lambda i: 4, 300, tail=True, tail_gains=lambda i: 1))
+    p = DraftWhilePays()  # one policy serves both: a burst's closed rounds do not close a loaded server's
+    drive(p, 4, lambda i: 4, 300, tail=True)
+    assert not p.pays((4, "hybrid|tail")) and all(drive(p, 4, lambda i: 4, 50))
+
+
+class Oracle(Drafter):
+    """Drafts the next ``k`` tokens of a known greedy answer (all accepted at T=0), or ``k`` wrong ones (none)."""
+
+    name = "oracle"
+
+    def __init__(self, answer: list[int], prompt_len: int, k: int, right: bool, vocab: int):
+        self.answer, self.prompt_len, self.k, self.right, self.vocab = answer, prompt_len, k, right, vocab
+
+    def propose(self, req):
+        done = len(req.context) - self.prompt_len  # answer tokens so far, the root the last of them
+        nxt = self.answer[done: done + min(self.k, req.max_depth)]
+        return DraftTree.chain(req.root, nxt if self.right else [(t + 1) % self.vocab for t in nxt])
+
+
+def test_the_batch_decoder_tells_the_policy_who_waits_and_the_last_rows_accepted_drafts():
+    """Two rows of a tiny model: one drafts its true greedy answer 3 tokens at a time (3 accepted), the other wrong
+    tokens (none). The policy hears ``tail`` when nobody waits for a row (not when ``waiting`` says someone does), and
+    after each round the accepted drafts of the row with the most tokens left, the fewest among rows tied for it:
+    expected by counting tokens by hand."""
+    import torch
+
+    from drafttree.accept import Sampling
+    from drafttree.batching import BatchDecoder, BatchTarget, Sequence
+    from drafttree.batching.policy import AlwaysDraft
+    from drafttree.decode import decode
+    from drafttree.target import TargetModel
+    from tests.conftest import tiny_causal_lm
+
+    class Heard(AlwaysDraft):
+        def __init__(self):
+            super().__init__()
+            self.tails, self.drafts = [], []
+
+        def choose(self, rows, kind="", tail=False):
+            self.tails.append(tail)
+            return True
+
+        def record(self, rows, drafted, tokens, seconds, measured=True, drafting=0.0, extra_verify=0.0, kind="",
+                   tail_drafts=None):
+            self.drafts.append(tail_drafts)
+
+    lm = tiny_causal_lm("llama", vocab=64, hidden=32, seed=5)
+    prompts = [torch.tensor([5, 6, 7]), torch.tensor([9, 10, 11, 12])]
+    answers = [[t for step in decode(TargetModel(lm), Drafter(), p, Sampling(), 70) for t in step] for p in prompts]
+    for waiting in (0, 1):
+        heard = Heard()
+        dec = BatchDecoder(BatchTarget(lm), None, heard)
+        dec.waiting = waiting
+        limits = [60, 30]  # the right row has the longer answer to write: it is the last row until it catches up
+        rows = [Sequence(p, Oracle(a, len(p), 3, right, 64), Sampling(), n)
+                for p, a, right, n in zip(prompts, answers, (True, False), limits)]
+        for r in rows:
+            dec.add(r)
+        made, expected = [1, 1], []  # each row's tokens so far (the prefill's first); by hand, round by round
+        while dec.rows == 2:
+            left = [n - m for n, m in zip(limits, made)]
+            gains = [min(3, left[0] - 1), 0]  # accepted drafts: the right row's 3 (never past its limit), none
+            expected.append(min(g for g, x in zip(gains, left) if x == max(left)))
+            made = [m + g + 1 for m, g in zip(made, gains)]
+            dec.step()
+        assert rows[0].tokens == answers[0][:60] and rows[1].tokens == answers[1][: len(rows[1].tokens)]
+        assert heard.tails == [waiting == 0] * len(expected) and heard.drafts == expected
+        assert 0 in expected and 3 in expected, "the last row changes as the right row catches up"
 
 
 def test_cost_curves_price_many_sizes_as_one_at_a_time():

@@ -397,6 +397,7 @@ class SpeculativeModel:
 
         while waiting or dec.rows:
             joining, waiting = waiting[: max(0, limit - dec.rows)], waiting[max(0, limit - dec.rows):]
+            dec.waiting = len(waiting)
             for seq, new in zip(joining, dec.add_many(joining)):  # newcomers prefilled together
                 yield from chunks(seq, new)
             for seq, new in dec.step():

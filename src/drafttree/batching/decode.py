@@ -77,6 +77,9 @@ class BatchDecoder:
         # joined): each row attends over its own context, which the curve, measured on one sequence, does not see
         self.excess_per_row: float | None = None
         self.head_batch = head_batch if head_batch is not None else HeadBatch()
+        # requests waiting for a row, set by whoever feeds the decoder before each step: with none, a row that ends
+        # early frees nothing and the policy judges drafting by the row with the most tokens left (``tail``)
+        self.waiting = 0
 
     @property
     def rows(self) -> int:
@@ -231,7 +234,9 @@ class BatchDecoder:
         all_committed = sum(committed)
         trees, draft_times = [], []
         kind = ",".join(sorted({s.drafter.name for s in rows}))  # the drafters' mix (policies may learn per mix)
-        drafting = self.policy.choose(len(rows), kind)
+        left = [s.max_new_tokens - s.stats.new_tokens for s in rows]
+        tail = self.waiting == 0 and len(rows) > 1
+        drafting = self.policy.choose(len(rows), kind, tail=tail)
         plans = []
         fixed = len(rows) * (self.excess_per_row or 0.0) if self.measure_excess else 0.0
         per_key = getattr(self.cost, "per_key", 0.0) if self.measure_excess else 0.0
@@ -300,8 +305,10 @@ class BatchDecoder:
             results.append((seq, new))
         wall = time.perf_counter() - t_round
         self.head_batch.record(wall, sum(len(p) for p, _ in accepted))
+        most = max(left)  # the rows the batch waits for at the end: the fewest accepted drafts among them counts
+        tail_drafts = min(len(p) - 1 for (p, _), n in zip(accepted, left) if n == most)
         self.policy.record(len(rows), drafting, sum(len(p) for p, _ in accepted), wall, measured=not self._joined,
-                           drafting=t_drafting, extra_verify=extra_verify, kind=kind)
+                           drafting=t_drafting, extra_verify=extra_verify, kind=kind, tail_drafts=tail_drafts)
         self._joined = False
         for seq in rows:  # every row waited for the whole round
             seq.stats.wall_time += wall
@@ -348,6 +355,7 @@ def decode_batch(target: BatchTarget, seqs: list[Sequence], cost: CostModel | No
     limit = max_rows or len(seqs)
     while waiting or dec.rows:
         joining, waiting = waiting[: max(0, limit - dec.rows)], waiting[max(0, limit - dec.rows):]
+        dec.waiting = len(waiting)
         for seq, new in zip(joining, dec.add_many(joining)):
             if on_tokens is not None:
                 on_tokens(seq, new)

@@ -19,6 +19,8 @@ steady load of 4 users where per-row budgets gained on plain decoding (docs/benc
 
 from __future__ import annotations
 
+TAIL = "|tail"  # the key suffix of rounds judged by the row with the most tokens left (DraftWhilePays)
+
 
 def bucket(rows: int) -> int:
     """1, 2, 4, 8, ...: batch sizes within a factor of two share what was measured."""
@@ -59,10 +61,10 @@ class DraftOrPlain:
         near = self._nearest(b)
         return self.rate[(near, True)] >= self.rate[(near, False)] if near is not None else b == 1
 
-    def choose(self, rows: int, kind: str = "") -> bool:
-        """True: this round drafts (``kind``: the rows' mix of drafters, unused here). An unmeasured size starts in
-        the mode that won at the nearest measured size (with nothing measured: drafting alone, plain in a batch) and
-        probes the other after ``probe`` rounds."""
+    def choose(self, rows: int, kind: str = "", tail: bool = False) -> bool:
+        """True: this round drafts (``kind``: the rows' mix of drafters; ``tail``: see :class:`DraftWhilePays`; both
+        unused here). An unmeasured size starts in the mode that won at the nearest measured size (with nothing
+        measured: drafting alone, plain in a batch) and probes the other after ``probe`` rounds."""
         self._ending = None
         if rows == 1:  # a lone sequence: its drafter's own budget already weighs each tree against plain decoding
             return True
@@ -84,7 +86,8 @@ class DraftOrPlain:
         return best
 
     def record(self, rows: int, drafted: bool, tokens: int, seconds: float, measured: bool = True,
-               drafting: float = 0.0, extra_verify: float = 0.0, kind: str = "") -> None:
+               drafting: float = 0.0, extra_verify: float = 0.0, kind: str = "",
+               tail_drafts: float | None = None) -> None:
         """After a round: its tokens and seconds (``drafting``, ``extra_verify``: see :class:`DraftWhilePays`).
         ``measured=False``: the round paid for something else (a newcomer's first round in the batch) and does not
         count, but still moves the probe along."""
@@ -113,11 +116,12 @@ class DraftOrPlain:
 class AlwaysDraft(DraftOrPlain):
     """Every round drafts: each row's drafter and budget alone decide its tree (the default; see above)."""
 
-    def choose(self, rows: int, kind: str = "") -> bool:
+    def choose(self, rows: int, kind: str = "", tail: bool = False) -> bool:
         return True
 
     def record(self, rows: int, drafted: bool, tokens: int, seconds: float, measured: bool = True,
-               drafting: float = 0.0, extra_verify: float = 0.0, kind: str = "") -> None:
+               drafting: float = 0.0, extra_verify: float = 0.0, kind: str = "",
+               tail_drafts: float | None = None) -> None:
         pass
 
 
@@ -137,7 +141,14 @@ class DraftWhilePays(AlwaysDraft):
     ``probe`` plain ones, the wait doubling after each probe that does not pay (up to ``max_probe``). State is kept
     per mix of drafters (``kind``): rows of ``ar`` never pay for drafting and must not close rounds for ``auto``.
     Comparing whole rounds' rates (:class:`DraftOrPlain`) misled on this CPU; here the forward's share is the curve's
-    and only the small, steady Python time is measured."""
+    and only the small, steady Python time is measured.
+
+    ``tail``: nobody waits for a row, so a row that finishes early frees nothing and the batch lasts as long as its
+    row with the most tokens left; only that row's accepted drafts shorten it (each saves the whole batch a round),
+    while every drafting round delays it. Such rounds are judged by that row's accepted drafts, as if every row had
+    accepted as many (``tail_drafts``, the fewest among rows tied for the most tokens left), in sums of their own.
+    Judged by all rows, bursts of 4 users on a Zen 3 drafted for the rows that finished first and ended 5% behind
+    batched ``ar`` (docs/benchmark-notes.md, stop 70)."""
 
     def __init__(self, probe: int = 16, max_probe: int = 128, decay: float = 0.99, probe_rounds: int = 4,
                  prior_rounds: float = 8.0):
@@ -161,8 +172,8 @@ class DraftWhilePays(AlwaysDraft):
         near = nearest(b, [k for (k, m) in self.sums if m == kind and k != b])
         return None if near is None else self.sums[(near, kind)]
 
-    def choose(self, rows: int, kind: str = "") -> bool:
-        key = (bucket(rows), kind)
+    def choose(self, rows: int, kind: str = "", tail: bool = False) -> bool:
+        key = (bucket(rows), kind + TAIL if tail else kind)
         if rows == 1:
             drafting = True
         elif self.probing.get(key, 0) > 0:
@@ -185,14 +196,20 @@ class DraftWhilePays(AlwaysDraft):
         return drafting
 
     def record(self, rows: int, drafted: bool, tokens: int, seconds: float, measured: bool = True,
-               drafting: float = 0.0, extra_verify: float = 0.0, kind: str = "") -> None:
+               drafting: float = 0.0, extra_verify: float = 0.0, kind: str = "",
+               tail_drafts: float | None = None) -> None:
         if rows < 2 or not drafted or not measured:
             return
         cost = drafting + extra_verify
         rest = seconds - cost  # what the round would have taken without drafts
         if rest <= 0:
             return
-        key = (bucket(rows), kind)
+        self._add((bucket(rows), kind), rows, float(tokens - rows), cost, rest)
+        if tail_drafts is not None:
+            self._add((bucket(rows), kind + TAIL), rows, tail_drafts * rows, cost, rest)
+
+    def _add(self, key: tuple[int, str], rows: int, drafts: float, cost: float, rest: float) -> None:
+        """One drafting round into ``key``'s decayed sums: ``drafts`` accepted over the rows' roots."""
         s = self.sums.get(key)
         if s is None:  # the prior: this round's costs, with the accepted drafts per row of the nearest batch size
             # measured for this mix (a burst's rows leave and the batch walks down the sizes: each size starting over
@@ -201,7 +218,7 @@ class DraftWhilePays(AlwaysDraft):
             per_row = near[0] / near[1] if near is not None else 2.0 * cost / rest
             s = self.sums[key] = [per_row * rows * k, rows * k, cost * k, rest * k]
         d = self.decay
-        for i, v in enumerate((float(tokens - rows), float(rows), cost, rest)):
+        for i, v in enumerate((drafts, float(rows), cost, rest)):
             s[i] = d * s[i] + v
 
     def summary(self) -> dict:

@@ -112,6 +112,7 @@ def run_conversations(sm, convs: list[list[str]], spec: str, max_new_tokens: int
     live: set[int] = set()
     while waiting or dec.rows:
         joining, waiting = waiting[: max(0, max_batch - dec.rows)], waiting[max(0, max_batch - dec.rows):]
+        dec.waiting = len(waiting)
         for (seq, ready), _ in zip(joining, dec.add_many([s for s, _ in joining])):
             ttft.append(time.perf_counter() - ready)
             live.add(id(seq))

@@ -244,6 +244,7 @@ class Scheduler:
                 joining = []
                 while self.pending and self.decoder.rows + len(joining) < self.max_batch:
                     joining.append(self.pending.popleft())
+                self.decoder.waiting = len(self.pending)
             try:  # a failure anywhere in a round fails the batch's requests, never the loop (nothing would answer)
                 self._start_all(joining)
                 if not self.decoder.rows:
