@@ -70,4 +70,5 @@ for name in ("auto", "auto-tail"):
     for label, d in (("aggregate", agg), ("per user", per)):
         x = [a / b for a, b in zip(d[name], d["ar"])]
         se = statistics.stdev(x) / len(x) ** 0.5
-        print(f"{name:10s} {label:9s} / ar: mean {statistics.mean(x):.3f} +- {se:.3f}, median {statistics.median(x):.3f}")
+        print(f"{name:10s} {label:9s} / ar: mean {statistics.mean(x):.3f} +- {se:.3f}, "
+              f"median {statistics.median(x):.3f}")

@@ -70,17 +70,19 @@ def test_the_round_after_a_switch_is_not_what_the_mode_costs():
 
 
 def drive(policy: DraftWhilePays, rows: int, gains, rounds: int, cost: float = 2.0, rest: float = 30.0,
-          kind: str = "hybrid", tail: bool = False, tail_gains=lambda i: 0) -> list[bool]:
+          kind: str = "hybrid", tail: bool = False, tail_gains=lambda i: 0, row_seconds: float = 0.0) -> list[bool]:
     """``rounds`` rounds of ``rows`` rows; a drafting round accepts ``gains(i)`` drafts over the roots for ``cost``
     seconds of drafting and verification on top of ``rest`` (plain rounds accept the roots only), of which
-    ``tail_gains(i)`` are the row with the most tokens left's; ``tail``: nobody waits for a row."""
+    ``tail_gains(i)`` are the row with the most tokens left's; ``tail``: nobody waits for a row; ``row_seconds``: what
+    a row adds to a round."""
     choices = []
     for i in range(rounds):
         d = policy.choose(rows, kind, tail=tail)
         choices.append(d)
         g = gains(i) if d else 0
         policy.record(rows, d, rows + g, rest + (cost if d else 0.0), drafting=cost / 2 if d else 0.0,
-                      extra_verify=cost / 2 if d else 0.0, kind=kind, tail_drafts=tail_gains(i) if d else 0)
+                      extra_verify=cost / 2 if d else 0.0, kind=kind, tail_drafts=tail_gains(i) if d else 0,
+                      row_seconds=row_seconds)
     return choices
 
 
@@ -134,11 +136,16 @@ def test_with_nobody_waiting_drafting_rounds_are_judged_by_the_row_the_batch_wai
     none. With requests waiting, early finishers let them in and every row's drafts count: rounds draft. With nobody
     waiting, the batch lasts as long as that row and drafting only delays it: plain rounds but for probes. A broken
     policy that ignored ``tail`` would draft here; the same row accepting 1 draft a round (worth a round of every
-    row) keeps the rounds drafting."""
+    row) keeps the rounds drafting. The other rows' drafts are worth what their rows add to each round once they end:
+    nothing on a flat curve; a row's full share where each row adds its share (an arithmetic-bound forward), and then
+    the rounds draft as with requests waiting; at a fifth of a share 4 drafts are worth 0.8 of a row's, above 0.27."""
     assert all(drive(DraftWhilePays(), 4, lambda i: 4, 300)), "requests waiting: the rows' 4 drafts a round pay"
     burst = drive(DraftWhilePays(), 4, lambda i: 4, 600, tail=True)
     assert all(burst[:8]) and sum(burst[-300:]) < 30, "nobody waiting: the last row's 0 drafts close the rounds"
     assert all(drive(DraftWhilePays(), 4, lambda i: 4, 300, tail=True, tail_gains=lambda i: 1))
+    assert all(drive(DraftWhilePays(), 4, lambda i: 4, 300, tail=True, row_seconds=30.0 / 4))
+    assert all(drive(DraftWhilePays(), 4, lambda i: 4, 300, tail=True, row_seconds=30.0 / 4 / 5))
+    assert sum(drive(DraftWhilePays(), 4, lambda i: 4, 600, tail=True, row_seconds=30.0 / 4 / 20)[-300:]) < 30
     p = DraftWhilePays()  # one policy serves both: a burst's closed rounds do not close a loaded server's
     drive(p, 4, lambda i: 4, 300, tail=True)
     assert not p.pays((4, "hybrid|tail")) and all(drive(p, 4, lambda i: 4, 50))
@@ -182,7 +189,7 @@ def test_the_batch_decoder_tells_the_policy_who_waits_and_the_last_rows_accepted
             return True
 
         def record(self, rows, drafted, tokens, seconds, measured=True, drafting=0.0, extra_verify=0.0, kind="",
-                   tail_drafts=None):
+                   tail_drafts=None, row_seconds=0.0):
             self.drafts.append(tail_drafts)
 
     lm = tiny_causal_lm("llama", vocab=64, hidden=32, seed=5)
@@ -278,3 +285,6 @@ def test_the_batch_decoder_learns_its_forwards_excess_over_the_curve():
     assert dec.excess_per_row == pytest.approx(0.4 / 16)
     dec._measure_excess(1.0, 16, 16)  # faster than the curve: counts as no excess
     assert dec.excess_per_row == pytest.approx(0.8 * 0.4 / 16)
+    # what a row adds to a round (what its ending early saves each round): the curve's step there and its excess
+    assert dec._row_seconds(17) == pytest.approx(0.05 + 0.8 * 0.4 / 16)
+    assert dec._row_seconds(1) == 0.0 and BatchDecoder(target=None)._row_seconds(17) == 0.0

@@ -188,6 +188,14 @@ class BatchDecoder:
         attend = sum((t.size - 1) * max(0, n - past) for t, n in zip(trees, self.target.lens)) * per_key
         return max(0.0, self.cost.verify_in_batch(total) - self.cost.verify_in_batch(len(trees))) + attend
 
+    def _row_seconds(self, rows: int) -> float:
+        """What one row adds to a plain round of ``rows`` rows (the curve's step there and the row's measured excess):
+        what each round saves once a row that is not the last to end has ended."""
+        if self.cost is None or rows < 2:
+            return 0.0
+        step = self.cost.verify_in_batch(rows) - self.cost.verify_in_batch(rows - 1)
+        return max(0.0, step) + (self.excess_per_row or 0.0)
+
     def _head_pass(self, rows: list[Sequence], plans: list) -> dict[int, float]:
         """Draft the heads of the batched rows together (``HeadBatch``); returns each drafted row's share of it."""
         if len(rows) < 2:
@@ -308,7 +316,8 @@ class BatchDecoder:
         most = max(left)  # the rows the batch waits for at the end: the fewest accepted drafts among them counts
         tail_drafts = min(len(p) - 1 for (p, _), n in zip(accepted, left) if n == most)
         self.policy.record(len(rows), drafting, sum(len(p) for p, _ in accepted), wall, measured=not self._joined,
-                           drafting=t_drafting, extra_verify=extra_verify, kind=kind, tail_drafts=tail_drafts)
+                           drafting=t_drafting, extra_verify=extra_verify, kind=kind, tail_drafts=tail_drafts,
+                           row_seconds=self._row_seconds(len(rows)))
         self._joined = False
         for seq in rows:  # every row waited for the whole round
             seq.stats.wall_time += wall

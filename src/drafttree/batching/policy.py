@@ -87,7 +87,7 @@ class DraftOrPlain:
 
     def record(self, rows: int, drafted: bool, tokens: int, seconds: float, measured: bool = True,
                drafting: float = 0.0, extra_verify: float = 0.0, kind: str = "",
-               tail_drafts: float | None = None) -> None:
+               tail_drafts: float | None = None, row_seconds: float = 0.0) -> None:
         """After a round: its tokens and seconds (``drafting``, ``extra_verify``: see :class:`DraftWhilePays`).
         ``measured=False``: the round paid for something else (a newcomer's first round in the batch) and does not
         count, but still moves the probe along."""
@@ -121,7 +121,7 @@ class AlwaysDraft(DraftOrPlain):
 
     def record(self, rows: int, drafted: bool, tokens: int, seconds: float, measured: bool = True,
                drafting: float = 0.0, extra_verify: float = 0.0, kind: str = "",
-               tail_drafts: float | None = None) -> None:
+               tail_drafts: float | None = None, row_seconds: float = 0.0) -> None:
         pass
 
 
@@ -143,12 +143,13 @@ class DraftWhilePays(AlwaysDraft):
     Comparing whole rounds' rates (:class:`DraftOrPlain`) misled on this CPU; here the forward's share is the curve's
     and only the small, steady Python time is measured.
 
-    ``tail``: nobody waits for a row, so a row that finishes early frees nothing and the batch lasts as long as its
-    row with the most tokens left; only that row's accepted drafts shorten it (each saves the whole batch a round),
-    while every drafting round delays it. Such rounds are judged by that row's accepted drafts, as if every row had
-    accepted as many (``tail_drafts``, the fewest among rows tied for the most tokens left), in sums of their own.
-    Judged by all rows, bursts of 4 users on a Zen 3 drafted for the rows that finished first and ended 5% behind
-    batched ``ar`` (docs/benchmark-notes.md, stop 70)."""
+    ``tail``: nobody waits for a row, so the batch lasts as long as its row with the most tokens left and every
+    drafting round delays that row. Its accepted drafts (``tail_drafts``, the fewest among rows tied for the most
+    tokens left) each save the batch a whole round; another row's save only what that row adds to each round until
+    it ends (``row_seconds``, the curve's step at the batch's size and the row's measured excess): little where a
+    forward streams weights (4 rows here), nearly a row's share where it is arithmetic-bound (64). Such rounds are
+    judged by that worth in sums of their own. Judged by all rows, bursts of 4 users on a Zen 3 drafted for the rows
+    that finished first and ended 5% behind batched ``ar`` (docs/benchmark-notes.md, stop 70)."""
 
     def __init__(self, probe: int = 16, max_probe: int = 128, decay: float = 0.99, probe_rounds: int = 4,
                  prior_rounds: float = 8.0):
@@ -197,7 +198,7 @@ class DraftWhilePays(AlwaysDraft):
 
     def record(self, rows: int, drafted: bool, tokens: int, seconds: float, measured: bool = True,
                drafting: float = 0.0, extra_verify: float = 0.0, kind: str = "",
-               tail_drafts: float | None = None) -> None:
+               tail_drafts: float | None = None, row_seconds: float = 0.0) -> None:
         if rows < 2 or not drafted or not measured:
             return
         cost = drafting + extra_verify
@@ -205,8 +206,10 @@ class DraftWhilePays(AlwaysDraft):
         if rest <= 0:
             return
         self._add((bucket(rows), kind), rows, float(tokens - rows), cost, rest)
-        if tail_drafts is not None:
-            self._add((bucket(rows), kind + TAIL), rows, tail_drafts * rows, cost, rest)
+        if tail_drafts is not None:  # in drafts worth a row's share of the round each, as the all-rows sums count
+            others = max(0.0, tokens - rows - tail_drafts)
+            self._add((bucket(rows), kind + TAIL), rows,
+                      tail_drafts * rows + others * min(1.0, row_seconds * rows / rest), cost, rest)
 
     def _add(self, key: tuple[int, str], rows: int, drafts: float, cost: float, rest: float) -> None:
         """One drafting round into ``key``'s decayed sums: ``drafts`` accepted over the rows' roots."""
