@@ -114,7 +114,7 @@ class DraftOrPlain:
 
 
 class AlwaysDraft(DraftOrPlain):
-    """Every round drafts: each row's drafter and budget alone decide its tree (the default; see above)."""
+    """Every round drafts: each row's drafter and budget alone decide its tree (the default until stop 65)."""
 
     def choose(self, rows: int, kind: str = "", tail: bool = False) -> bool:
         return True
