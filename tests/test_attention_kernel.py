@@ -294,3 +294,29 @@ def test_a_batch_of_many_rows_decodes_each_row_as_alone_in_bf16_when_asked():
     assert all(max(r.stats.tree_sizes) == 8 for r in together)
     for p, got in zip(prompts, together):
         assert sm.generate(p, **kw).tokens == got.tokens, p
+
+
+@needs_prompt_kernel
+def test_a_shared_prefix_computed_once_gives_the_bits_of_every_prompt_computed_whole():
+    """bf16, the default model: prompts under one chat template packed together compute the system prompt once (the
+    rests attend over the copied states through the prompt kernel, as the rest of a cached prompt does) and get the
+    bits of the same packed prefill with every prompt computed whole; batch-invariant, the bits of each alone."""
+    import drafttree
+    from drafttree.batching import BatchTarget
+
+    sm = drafttree.load("smollm2-135m-instruct", dtype="bfloat16", device="cpu", show_progress=False)
+    texts = ["Name a fruit.", "Name a fruit and a colour.", "Summarise: " + "The river rose after the rain. " * 20,
+             "Name a fruit."]
+    ids = [sm.encode_prompt(t) for t in texts]
+    for invariant in (False, True):
+        shared, whole = BatchTarget(sm.target.model, batch_invariant=invariant), BatchTarget(
+            sm.target.model, batch_invariant=invariant)
+        whole.share_at_least = 0
+        got, ref = shared.add_many(ids, [4] * len(ids)), whole.add_many(ids, [4] * len(ids))
+        # batch-invariant, the long prompt's products go another way than the short ones': it shares with none
+        assert (shared.last_shared[2] == 0) == invariant and whole.last_shared == [0] * len(ids)
+        assert min(shared.last_shared[1], shared.last_shared[3]) >= 20
+        for a, b in zip(got, ref):
+            assert torch.equal(a.logits, b.logits) and torch.equal(a.features, b.features)
+    for x, out in zip(ids, got):  # batch-invariant: as alone
+        assert torch.equal(BatchTarget(sm.target.model, batch_invariant=True).add_many([x], [4])[0].logits, out.logits)

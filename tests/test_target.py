@@ -268,6 +268,55 @@ def test_prompts_prefilled_together_equal_each_alone_on_every_architecture(arch,
         assert torch.allclose(a.logits, b.logits, atol=1e-5)
 
 
+@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+def test_prompts_that_begin_alike_compute_their_shared_prefix_once(arch, monkeypatch):
+    """A packed prefill computes a prefix that several prompts share (a chat template's system prompt) once and copies
+    its states into each row: the forward sees only the rests, and every prompt still gets its own prefill's logits,
+    features and cache row. Chains (a prompt sharing more with a prompt that itself shares), a prompt that is another's
+    prefix, duplicates, and one too short to share are covered; ``share_at_least = 0`` turns it off."""
+    from drafttree.batching import BatchTarget
+    from drafttree.batching import target as batch_target
+
+    model = tiny_causal_lm(arch, vocab=50, seed=7)
+    g = torch.Generator().manual_seed(8)
+    system, a, b = (torch.randint(2, 50, (n,), generator=g) for n in (12, 20, 9))
+    prompts = [torch.cat([system, a]), torch.cat([system, b]), torch.cat([system, a[:15], b]), system[:10],
+               torch.cat([system, a]), torch.cat([system[:5], b]), b]
+    seen = []
+    real = batch_target.run_with_features
+    monkeypatch.setattr(batch_target, "run_with_features",
+                        lambda m, layers, **kw: seen.append(kw["input_ids"].shape[1]) or real(m, layers, **kw))
+    alone = BatchTarget(model, [0, 1])
+    ref = [alone.add(p) for p in prompts]
+    packed = BatchTarget(model, [0, 1])
+    got = packed.add_many(prompts, room=[8] * len(prompts))
+    # system+a[:15] shares 27 with the first; system[:10] keeps its last token; a duplicate all but its last token
+    assert packed.last_shared == [0, 12, 27, 9, 31, 0, 0]
+    lens = [p.numel() for p in prompts]
+    assert seen[-1] == sum(lens) - sum(packed.last_shared) and packed.lens == lens
+    for r, (x, y) in enumerate(zip(ref, got)):
+        assert torch.allclose(x.logits, y.logits, atol=1e-5) and torch.allclose(x.features, y.features, atol=1e-5)
+        for la, lb in zip(alone.cache.layers, packed.cache.layers):
+            assert torch.allclose(la.keys[r, :, :lens[r]], lb.keys[r, :, :lens[r]], atol=1e-5)
+            assert torch.allclose(la.values[r, :, :lens[r]], lb.values[r, :, :lens[r]], atol=1e-5)
+    trees = [_random_tree(4, 50, seed=s) for s in range(len(prompts))]
+    for x, y in zip(alone.forward_trees(trees), packed.forward_trees(trees)):
+        assert torch.allclose(x.logits, y.logits, atol=1e-5)
+    whole = BatchTarget(model, [0, 1])
+    whole.share_at_least = 0
+    whole.add_many(prompts, room=[8] * len(prompts))
+    assert whole.last_shared == [0] * len(prompts) and seen[-1] == sum(lens)
+
+
+def test_shared_prefixes_pick_the_longest_earlier_match_of_the_same_kind():
+    from drafttree.batching.target import shared_prefixes
+
+    ps = [[1, 2, 3, 4, 5], [1, 2, 3, 9], [1, 2, 3, 4, 7], [1, 2, 3, 4, 5], [8, 1, 2]]
+    assert shared_prefixes(ps, 3) == [(-1, 0), (0, 3), (0, 4), (0, 4), (-1, 0)]
+    assert shared_prefixes(ps, 4) == [(-1, 0), (-1, 0), (0, 4), (0, 4), (-1, 0)]
+    assert shared_prefixes(ps, 3, kinds=[0, 1, 1, 0, 0]) == [(-1, 0), (-1, 0), (1, 3), (0, 4), (-1, 0)]
+
+
 @pytest.mark.parametrize("packed", [True, False])
 def test_an_emptied_batch_keeps_its_buffers_and_newcomers_compute_what_a_fresh_batch_does(packed):
     """Once every row has left, the cache's buffers stay (no new zero-filled buffer per burst); rows that join then

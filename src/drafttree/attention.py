@@ -74,6 +74,9 @@ class PromptRows:
 
     starts: list[int]
     first: int = 0  # the cache row of the first prompt (a batch's newcomers join after its rows)
+    # each prompt's keys (its whole length) where the forward holds only its rest: the first ``keys[r] - (starts[r + 1]
+    # - starts[r])`` were copied into its row from a prompt that begins the same way (BatchTarget: shared prefixes)
+    keys: list[int] | None = None
 
 
 def kernel_for(device: torch.device, dtype: torch.dtype):
@@ -99,10 +102,22 @@ def row_runs(runs: list[RowRun] | None, packed: PackedRows | None = None, prompt
 def _prompt_rows(module, query, key, value, prompts: PromptRows, dropout, scaling, kwargs):
     """Each prompt's queries over its own row's keys, causal: the call a prefill of the prompt alone makes."""
     outs = []
-    for r, (a, b) in enumerate(zip(prompts.starts, prompts.starts[1:]), start=prompts.first):
-        outs.append(_causal_prompt(module, query[:, :, a:b], key[r:r + 1, :, : b - a], value[r:r + 1, :, : b - a],
-                                   dropout, scaling, kwargs)[0])
+    for i, (a, b) in enumerate(zip(prompts.starts, prompts.starts[1:])):
+        r, n = prompts.first + i, b - a if prompts.keys is None else prompts.keys[i]
+        q, k, v = query[:, :, a:b], key[r:r + 1, :, :n], value[r:r + 1, :, :n]
+        out = _causal_prompt(module, q, k, v, dropout, scaling, kwargs) if n == b - a else (
+            _prompt_rest(module, q, k, v, dropout, scaling, kwargs) or _rest_by_mask(module, q, k, v, dropout, scaling,
+                                                                                     kwargs))
+        outs.append(out[0])
     return torch.cat(outs, dim=1), None
+
+
+def _rest_by_mask(module, query, key, value, dropout, scaling, kwargs):
+    """The last queries of a prompt over all of its keys, causal (where the prompt kernel does not take them)."""
+    t, n = query.shape[2], key.shape[2]
+    allowed = torch.ones(t, n, dtype=torch.bool, device=query.device).tril(n - t)
+    return sdpa_attention_forward(module, query, key, value, allowed[None, None], dropout=dropout, scaling=scaling,
+                                  **kwargs)
 
 
 def _prompt_kernel(module, query, key, value, dropout, kwargs):

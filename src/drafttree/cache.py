@@ -58,6 +58,9 @@ class GrowingLayer(DynamicLayer):
         # set by a batch: the (row, slot) each new state goes to, shaped like the forward's [batch, tokens]
         self.scatter: tuple[torch.Tensor, torch.Tensor] | None = None
         self.row_end = 0  # ... and the slot after the last of them (a host int: no device sync per layer)
+        # ... and (from row, to row, slots): after the scatter, to row's first slots become a copy of from row's (a
+        # packed prefill's prompts that begin as an earlier one did compute only their rest; in order: chains work)
+        self.copies: list[tuple[int, int, int]] = []
         # (rows in use after, rows to have room for, slots to have room for): rows that the next scattered forward
         # fills at the end of a batch's cache (a packed prefill of newcomers, written where they will decode)
         self.joining: tuple[int, int, int] | None = None
@@ -89,6 +92,9 @@ class GrowingLayer(DynamicLayer):
         self._reserve(self._k[..., :0, :], self._v[..., :0, :], need)
         self._k[index, :, slots] = key_states.transpose(1, 2)  # [b, t, heads, dim] at (row, slot)
         self._v[index, :, slots] = value_states.transpose(1, 2)
+        for src, dst, n in self.copies:
+            self._k[dst, :, :n] = self._k[src, :, :n]
+            self._v[dst, :, :n] = self._v[src, :, :n]
         self._len = need
         self._set_views()
         return self.keys, self.values
@@ -232,12 +238,15 @@ class GrowingCache(DynamicCache):
             cache.layers.append(layer)
         return cache
 
-    def set_scatter(self, index: torch.Tensor | None, slots: torch.Tensor | None = None, end: int = 0) -> None:
+    def set_scatter(self, index: torch.Tensor | None, slots: torch.Tensor | None = None, end: int = 0,
+                    copies: list[tuple[int, int, int]] | None = None) -> None:
         """The row and slot of each state of the next forward (both shaped like its [batch, tokens]; None:
-        appended after the longest row), and ``end``, the slot after the last of them."""
+        appended after the longest row), ``end``, the slot after the last of them, and ``copies`` (from row, to row,
+        slots) made after the scatter, in order."""
         for layer in self.layers:
             layer.scatter = None if index is None else (index, slots)
             layer.row_end = end
+            layer.copies = list(copies or []) if index is not None else []
 
     def add_row(self, other: GrowingCache, row: int = 0, length: int | None = None, rows_for: int = 0,
                 slots_for: int = 0) -> None:

@@ -25,7 +25,7 @@ from drafttree.batching.prefix_pool import PrefixEntry, PrefixPool
 from drafttree.cache import GrowingCache, cache_arg
 from drafttree.errors import DraftTreeError
 from drafttree.kernels.gemm import MAX_ROWS, kernel_rows
-from drafttree.target import ForwardOutput, TargetModel, run_with_features
+from drafttree.target import ForwardOutput, TargetModel, common_prefix, run_with_features
 from drafttree.tree import DraftTree
 
 
@@ -34,10 +34,28 @@ def batch_invariant_default() -> bool:
     return os.environ.get("DRAFTTREE_BATCH_INVARIANT", "").strip().lower() in ("1", "on", "true", "yes")
 
 
-def _kernel_rows_of(sizes: list[int]) -> torch.Tensor:
+def _kernel_rows_of(sizes: list[int], packed: list[int] | None = None) -> torch.Tensor:
     """Per packed row, whether its part (a prompt, a tree) has at most MAX_ROWS rows: the rows gemm.kernel_rows gives
-    to the small-GEMM kernel, as that part alone would take it."""
-    return torch.repeat_interleave(torch.tensor([m <= MAX_ROWS for m in sizes]), torch.tensor(sizes))
+    to the small-GEMM kernel, as that part alone would take it (``packed``: each part's rows in the forward, where
+    fewer than its size: a prompt's rest after a shared prefix)."""
+    return torch.repeat_interleave(torch.tensor([m <= MAX_ROWS for m in sizes]), torch.tensor(packed or sizes))
+
+
+def shared_prefixes(prompts: list[list[int]], at_least: int, kinds: list | None = None) -> list[tuple[int, int]]:
+    """Per prompt, (the earlier prompt it shares its longest prefix with, how many tokens), at most all of it but its
+    last token (whose logits are the prefill's output); (-1, 0) where no earlier prompt shares ``at_least`` tokens.
+    ``kinds``: prompts share only with prompts of the same kind (whose products take the same path)."""
+    out: list[tuple[int, int]] = []
+    for i, ids in enumerate(prompts):
+        best = (-1, 0)
+        for j in range(i):
+            if kinds is not None and kinds[j] != kinds[i]:
+                continue
+            n = min(common_prefix(ids, prompts[j]), len(ids) - 1)
+            if n > best[1]:
+                best = (j, n)
+        out.append(best if best[1] >= max(1, at_least) else (-1, 0))
+    return out
 
 
 class BatchTarget:
@@ -57,6 +75,10 @@ class BatchTarget:
         # prefills newcomers; holds config, LM head, masks
         self.single = TargetModel(model, feature_layers, keep_prefix=prefix_pool is not None)
         self.last_reused: list[int] = []  # per prompt of the last add / add_many: tokens taken from the pool
+        # prompts prefilled together that begin alike (a chat template's system prompt) compute their common prefix
+        # once, copied into each row (SHARE_AT_LEAST tokens or more; 0: never); last_shared: each one's copied tokens
+        self.share_at_least = self.SHARE_AT_LEAST
+        self.last_shared: list[int] = []
         self.batch_invariant = batch_invariant_default() if batch_invariant is None else bool(batch_invariant)
         self.model = model
         self.feature_layers = self.single.feature_layers
@@ -132,6 +154,7 @@ class BatchTarget:
         self.pool.add(PrefixEntry(list(ids[:n]), states, features[:n].clone()))
 
     MAX_PACKED_TOKENS = 4096  # a packed prefill's tokens at most (its activations; a longer batch is split)
+    SHARE_AT_LEAST = 8  # shared prefix tokens for a packed prompt to take them from an earlier one
 
     def packs_prompts(self) -> bool:
         """Whether prompts can be prefilled together here: SDPA attention (the prompt-rows hook runs inside it)
@@ -150,7 +173,9 @@ class BatchTarget:
         need = self._room([x.numel() for x in ids], room)  # one cache size for all of them
         hits = [self.pool.best(x.tolist()) if self.pool is not None else None for x in ids]
         self.last_reused = [0 if h is None else h[1] for h in hits]
+        self.last_shared = []
         if len(ids) < 2 or not self.packs_prompts():
+            self.last_shared = [0] * len(ids)
             return [self._add_one(x, 0, need, h) for x, h in zip(ids, hits)]
         outs: list[ForwardOutput] = []
         group: list[torch.Tensor] = []
@@ -159,6 +184,7 @@ class BatchTarget:
                 outs += self._prefill_packed(group, need)
                 group = []
             if hit is not None:
+                self.last_shared.append(0)
                 outs.append(self._add_one(x, 0, need, hit))
             else:
                 group.append(x)
@@ -166,25 +192,37 @@ class BatchTarget:
 
     def _prefill_packed(self, ids: list[torch.Tensor], need: tuple[int, int]) -> list[ForwardOutput]:
         if len(ids) == 1:
+            self.last_shared.append(0)
             return [self._add_one(ids[0], 0, need, None)]
         dev, lens = self.device, [x.numel() for x in ids]
+        # a prompt that begins as an earlier one computes only its rest: its row's first slots are a copy of the
+        # earlier row's, made in each layer right after the forward writes them (the rest attends over them)
+        # (batch-invariant: a prompt takes the states of one whose products go the same way, see _kernel_rows_of)
+        kinds = [n <= MAX_ROWS for n in lens] if self.batch_invariant else None
+        shares = shared_prefixes([x.tolist() for x in ids], self.share_at_least, kinds) if self.share_at_least else [
+            (-1, 0)] * len(ids)
+        rest = [n - p for n, (_, p) in zip(lens, shares)]
+        self.last_shared += [p for _, p in shares]
         starts = [0]
-        for n in lens:
+        for n in rest:
             starts.append(starts[-1] + n)
-        positions = torch.cat([torch.arange(n, device=dev) for n in lens])[None]
+        positions = torch.cat([torch.arange(p, n, device=dev) for n, (_, p) in zip(lens, shares)])[None]
         # the prompts' states go straight to the rows they will decode in, after the batch's rows (no prompt cache
         # copied row by row: at 64 users that and its buffers were ~a quarter of the prefill)
         first = self.rows
-        row = first + torch.repeat_interleave(torch.arange(len(ids), device=dev), torch.tensor(lens, device=dev))
+        row = first + torch.repeat_interleave(torch.arange(len(ids), device=dev), torch.tensor(rest, device=dev))
+        copies = [(first + j, first + i, p) for i, (j, p) in enumerate(shares) if p]
         if self.cache is None:
             self.cache = GrowingCache()
         cache, length = self.cache, self._slots()
         cache.join_rows(len(self.model.base_model.layers), first + len(ids), *need)
-        cache.set_scatter(row[None], positions, max(lens))
+        cache.set_scatter(row[None], positions, max(lens), copies)
         try:
-            short = _kernel_rows_of(lens) if self.batch_invariant else None
-            with row_runs(None, None, PromptRows(starts, first)), kernel_rows(short, sum(lens)):
-                out, aux = run_with_features(self.model, self.feature_layers, input_ids=torch.cat(ids)[None],
+            short = _kernel_rows_of(lens, rest) if self.batch_invariant else None
+            prompts = PromptRows(starts, first, lens if copies else None)
+            tokens = torch.cat([x[p:] for x, (_, p) in zip(ids, shares)])[None]
+            with row_runs(None, None, prompts), kernel_rows(short, sum(rest)):
+                out, aux = run_with_features(self.model, self.feature_layers, input_ids=tokens,
                                              attention_mask=None, position_ids=positions, use_cache=True,
                                              **{cache_arg(self.model.base_model): cache})
         except BaseException:
@@ -198,8 +236,10 @@ class BatchTarget:
         feats = hidden if aux is None else aux[0]
         logits = self.single.logits(hidden[[b - 1 for b in starts[1:]]])
         self.lens += lens
-        return [ForwardOutput(logits=logits[r:r + 1], features=feats[a:b])
-                for r, (a, b) in enumerate(zip(starts, starts[1:]))]
+        full: list[torch.Tensor] = []  # each prompt's features, the shared prefix's from the prompt it copied
+        for (a, b), (j, p) in zip(zip(starts, starts[1:]), shares):
+            full.append(feats[a:b] if not p else torch.cat([full[j][:p], feats[a:b]]))
+        return [ForwardOutput(logits=logits[r:r + 1], features=f) for r, f in enumerate(full)]
 
     @torch.inference_mode()
     def keep(self, rows: list[int]) -> None:

@@ -294,7 +294,7 @@ class LeanLayer:
             return None
         layer = cache.layers[self.layer_idx]
         buf, n = layer._k, hidden.shape[1]
-        if buf is None or buf.dtype != hidden.dtype:
+        if buf is None or buf.dtype != hidden.dtype or layer.copies:
             return None
         rows = buf.shape[0] if layer._rows is None else layer._rows
         if layer.scatter is None:  # GrowingLayer.update's append
