@@ -308,6 +308,41 @@ def test_prompts_that_begin_alike_compute_their_shared_prefix_once(arch, monkeyp
     assert whole.last_shared == [0] * len(prompts) and seen[-1] == sum(lens)
 
 
+def test_a_newcomer_takes_a_shared_prefix_from_a_row_still_in_the_batch():
+    """A request that joins a running batch (a server's next user under the same system prompt) computes only what
+    follows the prefix it shares with a row still decoding, alone or packed with other newcomers; rows that left
+    share nothing. Each gets its own prefill's logits and features, and its trees verify as a row added alone."""
+    from drafttree.batching import BatchTarget
+
+    model = tiny_causal_lm("llama", vocab=50, seed=9)
+    g = torch.Generator().manual_seed(10)
+    system, a, b, c = (torch.randint(2, 50, (n,), generator=g) for n in (14, 6, 9, 5))
+    first = [torch.cat([system, a]), b]
+    alone, batch = BatchTarget(model, [0, 1]), BatchTarget(model, [0, 1])
+    for t in (alone, batch):
+        t.add_many(first, room=[8, 8])
+        t.forward_trees([_random_tree(3, 50, seed=s) for s in (1, 2)])
+        t.commit([[0, 1], [0]])
+    later = [torch.cat([system, c]), torch.cat([system, a[:3]])]
+    ref = [alone.add(x, 8) for x in later[:1]]
+    got = batch.add_many(later[:1], room=[8])  # one newcomer: packed with nobody, still shares
+    assert batch.last_shared == [14]
+    ref += [alone.add(x, 8) for x in later[1:]]
+    got += batch.add_many(later[1:], room=[8])
+    assert batch.last_shared == [16] and batch.lens == alone.lens  # all of it but its last token
+    for x, y in zip(ref, got):
+        assert torch.allclose(x.logits, y.logits, atol=1e-5) and torch.allclose(x.features, y.features, atol=1e-5)
+    trees = [_random_tree(4, 50, seed=s) for s in range(4)]
+    for x, y in zip(alone.forward_trees(trees), batch.forward_trees(trees)):
+        assert torch.allclose(x.logits, y.logits, atol=1e-5)
+    batch.keep([1])  # the rows that began with the system prompt leave (row 1 is b)
+    batch.add_many([torch.cat([system, b])], room=[8])
+    assert batch.last_shared == [0]
+    batch.keep([])
+    batch.add_many([torch.cat([system, a])], room=[8])
+    assert batch.last_shared == [0]
+
+
 def test_shared_prefixes_pick_the_longest_earlier_match_of_the_same_kind():
     from drafttree.batching.target import shared_prefixes
 

@@ -41,15 +41,17 @@ def _kernel_rows_of(sizes: list[int], packed: list[int] | None = None) -> torch.
     return torch.repeat_interleave(torch.tensor([m <= MAX_ROWS for m in sizes]), torch.tensor(packed or sizes))
 
 
-def shared_prefixes(prompts: list[list[int]], at_least: int, kinds: list | None = None) -> list[tuple[int, int]]:
-    """Per prompt, (the earlier prompt it shares its longest prefix with, how many tokens), at most all of it but its
-    last token (whose logits are the prefill's output); (-1, 0) where no earlier prompt shares ``at_least`` tokens.
-    ``kinds``: prompts share only with prompts of the same kind (whose products take the same path)."""
+def shared_prefixes(prompts: list[list[int] | None], at_least: int, kinds: list | None = None,
+                    start: int = 0) -> list[tuple[int, int]]:
+    """Per prompt from ``start`` on, (the earlier prompt it shares its longest prefix with, how many tokens), at most
+    all of it but its last token (whose logits are the prefill's output); (-1, 0) where no earlier prompt shares
+    ``at_least`` tokens. ``kinds``: prompts share only with prompts of the same kind (whose products take the same
+    path); a prompt that is None (a row whose states cannot be shared) shares with none."""
     out: list[tuple[int, int]] = []
-    for i, ids in enumerate(prompts):
-        best = (-1, 0)
+    for i in range(start, len(prompts)):
+        ids, best = prompts[i], (-1, 0)
         for j in range(i):
-            if kinds is not None and kinds[j] != kinds[i]:
+            if prompts[j] is None or (kinds is not None and kinds[j] != kinds[i]):
                 continue
             n = min(common_prefix(ids, prompts[j]), len(ids) - 1)
             if n > best[1]:
@@ -79,6 +81,9 @@ class BatchTarget:
         # once, copied into each row (SHARE_AT_LEAST tokens or more; 0: never); last_shared: each one's copied tokens
         self.share_at_least = self.SHARE_AT_LEAST
         self.last_shared: list[int] = []
+        # per row: its prompt's ids and prefill features (a view of its prefill's output, not a copy), which a
+        # newcomer that begins the same way takes; None where they are not all there (a pool hit)
+        self.row_prompts: list[tuple[list[int], torch.Tensor] | None] = []
         self.batch_invariant = batch_invariant_default() if batch_invariant is None else bool(batch_invariant)
         self.model = model
         self.feature_layers = self.single.feature_layers
@@ -137,6 +142,7 @@ class BatchTarget:
                 self.cache = GrowingCache()
             self.cache.add_row(self.single.cache, rows_for=rows_for, slots_for=slots_for)
             self.lens.append(self.single.length)
+            self.row_prompts.append((ids.tolist(), out.features) if hit is None else None)
         finally:
             self.single.forget()  # what a newcomer's prefill leaves behind is never another's prefix
         return out
@@ -174,7 +180,7 @@ class BatchTarget:
         hits = [self.pool.best(x.tolist()) if self.pool is not None else None for x in ids]
         self.last_reused = [0 if h is None else h[1] for h in hits]
         self.last_shared = []
-        if len(ids) < 2 or not self.packs_prompts():
+        if not self.packs_prompts():
             self.last_shared = [0] * len(ids)
             return [self._add_one(x, 0, need, h) for x, h in zip(ids, hits)]
         outs: list[ForwardOutput] = []
@@ -190,17 +196,26 @@ class BatchTarget:
                 group.append(x)
         return outs + (self._prefill_packed(group, need) if group else [])
 
+    def _shares(self, ids: list[torch.Tensor]) -> list[tuple[int, int]]:
+        """Per newcomer, (the row it takes its first states from, how many): a row in the batch or an earlier
+        newcomer (rows + its index) that begins the same way, as :func:`shared_prefixes` finds them."""
+        if not self.share_at_least:
+            return [(-1, 0)] * len(ids)
+        known = [None if r is None else r[0] for r in self.row_prompts]
+        prompts = known + [x.tolist() for x in ids]
+        # batch-invariant: a prompt takes the states of one whose products go the same way (see _kernel_rows_of)
+        kinds = [p is not None and len(p) <= MAX_ROWS for p in prompts] if self.batch_invariant else None
+        return shared_prefixes(prompts, self.share_at_least, kinds, start=len(known))
+
     def _prefill_packed(self, ids: list[torch.Tensor], need: tuple[int, int]) -> list[ForwardOutput]:
-        if len(ids) == 1:
+        # a prompt that begins as a row in the batch or an earlier newcomer computes only its rest: its row's first
+        # slots are a copy of the other row's, made in each layer right after the forward writes them (the rest
+        # attends over them)
+        shares = self._shares(ids)
+        if len(ids) == 1 and not shares[0][1]:
             self.last_shared.append(0)
             return [self._add_one(ids[0], 0, need, None)]
         dev, lens = self.device, [x.numel() for x in ids]
-        # a prompt that begins as an earlier one computes only its rest: its row's first slots are a copy of the
-        # earlier row's, made in each layer right after the forward writes them (the rest attends over them)
-        # (batch-invariant: a prompt takes the states of one whose products go the same way, see _kernel_rows_of)
-        kinds = [n <= MAX_ROWS for n in lens] if self.batch_invariant else None
-        shares = shared_prefixes([x.tolist() for x in ids], self.share_at_least, kinds) if self.share_at_least else [
-            (-1, 0)] * len(ids)
         rest = [n - p for n, (_, p) in zip(lens, shares)]
         self.last_shared += [p for _, p in shares]
         starts = [0]
@@ -211,7 +226,7 @@ class BatchTarget:
         # copied row by row: at 64 users that and its buffers were ~a quarter of the prefill)
         first = self.rows
         row = first + torch.repeat_interleave(torch.arange(len(ids), device=dev), torch.tensor(rest, device=dev))
-        copies = [(first + j, first + i, p) for i, (j, p) in enumerate(shares) if p]
+        copies = [(j, first + i, p) for i, (j, p) in enumerate(shares) if p]
         if self.cache is None:
             self.cache = GrowingCache()
         cache, length = self.cache, self._slots()
@@ -235,10 +250,11 @@ class BatchTarget:
         hidden = out.last_hidden_state[0]
         feats = hidden if aux is None else aux[0]
         logits = self.single.logits(hidden[[b - 1 for b in starts[1:]]])
-        self.lens += lens
-        full: list[torch.Tensor] = []  # each prompt's features, the shared prefix's from the prompt it copied
-        for (a, b), (j, p) in zip(zip(starts, starts[1:]), shares):
-            full.append(feats[a:b] if not p else torch.cat([full[j][:p], feats[a:b]]))
+        full: list[torch.Tensor] = []  # each prompt's features, the shared prefix's from the row it copied
+        for x, (a, b), (j, p) in zip(ids, zip(starts, starts[1:]), shares):
+            full.append(feats[a:b] if not p else torch.cat([self.row_prompts[j][1][:p], feats[a:b]]))
+            self.lens.append(x.numel())
+            self.row_prompts.append((x.tolist(), full[-1]))
         return [ForwardOutput(logits=logits[r:r + 1], features=f) for r, f in enumerate(full)]
 
     @torch.inference_mode()
@@ -247,6 +263,7 @@ class BatchTarget:
         if rows == list(range(self.rows)):
             return
         self.lens = [self.lens[r] for r in rows]
+        self.row_prompts = [self.row_prompts[r] for r in rows]
         if not rows:
             # the buffers stay for the next batch (as a server's KV cache does): a new one of a burst's size is
             # first-touch pages, zero-filled, ~7% of a 16-user packed prefill here; what a new row finds in its slots
