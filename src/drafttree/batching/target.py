@@ -126,7 +126,7 @@ class BatchTarget:
         ids = prompt_ids.reshape(-1)
         hit = self.pool.best(ids.tolist()) if self.pool is not None else None
         out = self._add_one(ids, room, _for, hit)
-        self.last_reused = [0 if hit is None else hit[1]]
+        self.last_reused, self.last_shared = [0 if hit is None else hit[1]], [0]
         return out
 
     def _add_one(self, ids: torch.Tensor, room: int, need: tuple[int, int] | None,
@@ -187,14 +187,21 @@ class BatchTarget:
         group: list[torch.Tensor] = []
         for x, hit in zip(ids, hits):  # rows join in prompt order: a pool hit alone, the others packed
             if group and (hit is not None or sum(g.numel() for g in group) + x.numel() > self.MAX_PACKED_TOKENS):
-                outs += self._prefill_packed(group, need)
+                outs += self._prefill_group(group, need)
                 group = []
             if hit is not None:
                 self.last_shared.append(0)
                 outs.append(self._add_one(x, 0, need, hit))
             else:
                 group.append(x)
-        return outs + (self._prefill_packed(group, need) if group else [])
+        return outs + (self._prefill_group(group, need) if group else [])
+
+    def _prefill_group(self, ids: list[torch.Tensor], need: tuple[int, int]) -> list[ForwardOutput]:
+        """One packed forward for the group; a lone prompt that shares no prefix with a row is prefilled alone."""
+        if len(ids) == 1 and not self._shares(ids)[0][1]:
+            self.last_shared.append(0)
+            return [self._add_one(ids[0], 0, need, None)]
+        return self._prefill_packed(ids, need)
 
     def _shares(self, ids: list[torch.Tensor]) -> list[tuple[int, int]]:
         """Per newcomer, (the row it takes its first states from, how many): a row in the batch or an earlier
@@ -212,9 +219,6 @@ class BatchTarget:
         # slots are a copy of the other row's, made in each layer right after the forward writes them (the rest
         # attends over them)
         shares = self._shares(ids)
-        if len(ids) == 1 and not shares[0][1]:
-            self.last_shared.append(0)
-            return [self._add_one(ids[0], 0, need, None)]
         dev, lens = self.device, [x.numel() for x in ids]
         rest = [n - p for n, (_, p) in zip(lens, shares)]
         self.last_shared += [p for _, p in shares]
