@@ -335,6 +335,11 @@ def test_a_newcomer_takes_a_shared_prefix_from_a_row_still_in_the_batch():
     trees = [_random_tree(4, 50, seed=s) for s in range(4)]
     for x, y in zip(alone.forward_trees(trees), batch.forward_trees(trees)):
         assert torch.allclose(x.logits, y.logits, atol=1e-5)
+    solo = BatchTarget(model, [0, 1])  # the row shared from was itself prefilled alone
+    solo.add_many([torch.cat([system, a])], room=[8])
+    assert solo.last_shared == [0]
+    out = solo.add_many([torch.cat([system, c])], room=[8])[0]
+    assert solo.last_shared == [14] and torch.allclose(out.features, ref[0].features, atol=1e-5)
     batch.keep([1])  # the rows that began with the system prompt leave (row 1 is b)
     batch.add_many([torch.cat([system, b])], room=[8])
     assert batch.last_shared == [0]
