@@ -97,6 +97,58 @@ def test_100_concurrent_streams_with_disconnects_and_bad_requests(server, alone)
         assert r.status_code == 200 and r.json()["choices"][0]["message"]["content"] == alone[QUESTIONS[0]]
 
 
+def test_long_prompts_join_a_chunk_a_round_and_every_stream_is_exact(sm, alone, monkeypatch):
+    """With a small prefill budget (prefill_chunk, batching/admission.py), long prompts that arrive while a request
+    streams are prefilled a chunk a round (two clients disconnect meanwhile): every stream ends with [DONE] and equals
+    its request served alone."""
+    from drafttree.batching.admission import PromptInChunks
+
+    chunks = []
+    real = PromptInChunks.advance
+    monkeypatch.setattr(PromptInChunks, "advance", lambda self, n: (chunks.append(n), real(self, n)))
+    long_qs = [f"Here is a note, number {i}: " + "the keeper climbed the hundred steps and lit the lamp. " * (6 + 3 * i)
+               + "What did the keeper do?" for i in range(3)]
+    want = {q: sm.generate(q, max_new_tokens=MAX_TOKENS).text for q in long_qs}
+    first = sm.generate(QUESTIONS[0], max_new_tokens=40).text
+    sm.prefill_chunk = 24
+    try:
+        srv = ServerThread(create_app(sm, api_key=KEY, max_batch=8, max_queue=50)).start()
+    finally:
+        sm.prefill_chunk = 512  # the app's scheduler took it when it was made
+
+    async def anchor(client, started):
+        body = {"messages": [{"role": "user", "content": QUESTIONS[0]}], "max_tokens": 40, "temperature": 0,
+                "stream": True}
+        text = ""
+        async with client.stream("POST", "/v1/chat/completions", json=body, headers=AUTH) as r:
+            async for line in r.aiter_lines():
+                if line.startswith("data: {"):
+                    started.set()
+                    text += json.loads(line[len("data: "):])["choices"][0]["delta"].get("content", "")
+        return text
+
+    async def main():
+        async with httpx.AsyncClient(base_url=srv.url.rstrip("/"), timeout=600) as client:
+            started = asyncio.Event()
+            running = asyncio.create_task(anchor(client, started))
+            await started.wait()  # a row decodes: newcomers now wait for the rounds' prefill budget
+            jobs = [_stream(client, q) for q in long_qs + QUESTIONS[1:4]] + [_disconnect(client) for _ in range(2)]
+            return await running, await asyncio.gather(*jobs)
+
+    try:
+        text0, out = asyncio.run(main())
+        assert text0 == first
+        for q, (text, events) in zip(long_qs + QUESTIONS[1:4], out):
+            assert events[-1] == "[DONE]"
+            assert text == (want[q] if q in want else alone[q])
+        assert len(chunks) >= 2 and chunks[0] <= 24  # in chunks (what is left once no row decodes: at once)
+        with httpx.Client(base_url=srv.url.rstrip("/"), timeout=60) as c:
+            health = c.get("/health").json()
+            assert health["rows"] == 0 and health["waiting"] == 0
+    finally:
+        srv.stop()
+
+
 def test_api_key_is_enforced(server):
     with httpx.Client(base_url=server.url.rstrip("/"), timeout=60) as c:
         body = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}

@@ -13,6 +13,7 @@ from pathlib import Path
 import torch
 
 from drafttree.accept import Sampling
+from drafttree.batching.admission import PREFILL_CHUNK, check_chunk
 from drafttree.batching.policy import DraftWhilePays
 from drafttree.decode import DecodeStats, decode
 from drafttree.detok import TextAssembler, min_tokens_of
@@ -63,10 +64,20 @@ class SpeculativeModel:
         self._drafters: dict[tuple, Drafter] = {}
         self._batch_target = None
         self.batch_policy = DraftWhilePays()  # rounds draft while drafts pay (batching/policy.py says why)
+        self.prefill_chunk = PREFILL_CHUNK  # prompt tokens a decoding batch's round prefills at most (admission.py)
         self._verify_cost = None
         self._batch_results: list[GenerationResult | None] = []
         self.tokenizer = target.tokenizer
         self.eos_ids = target.eos_token_ids()
+
+    @property
+    def prefill_chunk(self) -> int:
+        """Prompt tokens a round of a decoding batch prefills at most (batching/admission.py); 0: no bound."""
+        return self._prefill_chunk
+
+    @prefill_chunk.setter
+    def prefill_chunk(self, tokens: int) -> None:
+        self._prefill_chunk = check_chunk(tokens)
 
     @classmethod
     def from_pretrained(cls, model: str = DEFAULT_MODEL, method: str = "auto", draft_model: str | None = None,
@@ -367,7 +378,8 @@ class SpeculativeModel:
             seqs.append(Sequence(x.to(self.target.device), drafter, sampling, max_new_tokens, ends, gen, tag=i,
                                  logprobs=logprobs))
             texts.append(TextAssembler(self.tokenizer, stops, include_stop, min_tokens_of(sampling), ends))
-        dec = BatchDecoder(self.batch_target(), self.verify_cost(), self.batch_policy)
+        dec = BatchDecoder(self.batch_target(), self.verify_cost(), self.batch_policy,
+                           prefill_chunk=self.prefill_chunk)
         waiting, limit = list(seqs), max_batch or len(seqs)
         self._batch_results = [None] * len(seqs)
         steps = [0] * len(seqs)
@@ -399,7 +411,8 @@ class SpeculativeModel:
             joining, waiting = waiting[: max(0, limit - dec.rows)], waiting[max(0, limit - dec.rows):]
             dec.waiting = len(waiting)
             for seq, new in zip(joining, dec.add_many(joining)):  # newcomers prefilled together
-                yield from chunks(seq, new)
+                if new is not None:  # None: its prefill ends in a later round (admission.py)
+                    yield from chunks(seq, new)
             for seq, new in dec.step():
                 yield from chunks(seq, new)
 

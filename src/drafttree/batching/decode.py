@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 import torch
 
 from drafttree.accept import Sampling, accept, greedy_tokens, sample_token
+from drafttree.batching.admission import PREFILL_CHUNK, Admission
 from drafttree.batching.head_pass import HeadBatch, HeadRow
 from drafttree.batching.policy import DraftOrPlain, DraftWhilePays
 from drafttree.batching.target import BatchTarget
@@ -65,11 +66,13 @@ class BatchDecoder:
     """The batched decode loop: :meth:`add` a sequence (prefill), :meth:`step` one round for all rows."""
 
     def __init__(self, target: BatchTarget, cost: CostModel | None = None, policy: DraftOrPlain | None = None,
-                 head_batch: HeadBatch | None = None):
+                 head_batch: HeadBatch | None = None, prefill_chunk: int = PREFILL_CHUNK):
         """``policy`` decides per round whether rows draft at all (default :class:`DraftWhilePays`: while the drafts pay
         for all they add to a round; :class:`AlwaysDraft`: every round, each row's drafter sizing its tree on its share
-        of the forward; :class:`DraftOrPlain`: measured per batch size from whole rounds)."""
+        of the forward; :class:`DraftOrPlain`: measured per batch size from whole rounds). ``prefill_chunk``: prompt
+        tokens a round prefills at most while rows decode (admission.py; 0: newcomers are prefilled at once)."""
         self.target, self.cost = target, cost
+        self.admission = Admission(prefill_chunk)
         self.policy = policy if policy is not None else DraftWhilePays()
         self.active: list[Sequence] = []
         self._joined = False  # a row joined since the last round (that round also pays for the cache growing)
@@ -83,7 +86,12 @@ class BatchDecoder:
 
     @property
     def rows(self) -> int:
-        return len(self.active)
+        """Rows decoding and newcomers held back for their prefill (each has its place in the batch)."""
+        return len(self.active) + len(self.admission.queue)
+
+    @property
+    def held_back(self) -> list[Sequence]:
+        return list(self.admission.queue)
 
     def _emit(self, seq: Sequence, new: list[int]) -> list[int]:
         new = new[: seq.max_new_tokens - seq.stats.new_tokens]
@@ -100,21 +108,36 @@ class BatchDecoder:
         return new
 
     @torch.inference_mode()
-    def add(self, seq: Sequence) -> list[int]:
-        """Prefill ``seq`` and append it as a row; returns its first token (it may already be finished)."""
+    def add(self, seq: Sequence) -> list[int] | None:
+        """Prefill ``seq`` and append it as a row; returns its first token (it may already be finished), or None
+        where it waits for a later round's prefill (see :meth:`add_many`)."""
         return self.add_many([seq])[0]
 
     @torch.inference_mode()
-    def add_many(self, seqs: list[Sequence]) -> list[list[int]]:
+    def add_many(self, seqs: list[Sequence]) -> list[list[int] | None]:
         """Prefill several sequences together (one packed forward where the target allows it) and append them as
-        rows, in order; returns each one's first token (a row may already be finished)."""
+        rows, in order; returns each one's first token (a row may already be finished). While rows decode, what
+        does not fit this round's prefill budget waits (None here): its first token comes from a later
+        :meth:`step`, in the order they came (admission.py)."""
         if not seqs:
             return []
+        if not self.admission.holds_back(self):
+            return self.prefill_now(seqs)
+        self.admission.queue += seqs
+        joined = {id(s): new for s, new in self.admission.admit(self)}
+        return [joined.get(id(s)) for s in seqs]
+
+    def prefill_now(self, seqs: list[Sequence]) -> list[list[int]]:
+        """Prefill these together and join them as rows; returns each one's first token."""
         t0 = time.perf_counter()
         pres = self.target.add_many([s.prompt_ids for s in seqs], [s.max_new_tokens for s in seqs])
-        spent = time.perf_counter() - t0
-        news = []
         reused = getattr(self.target, "last_reused", None) or [0] * len(seqs)
+        return self.join(seqs, pres, time.perf_counter() - t0, reused)
+
+    def join(self, seqs: list[Sequence], pres: list, spent: float, reused: list[int]) -> list[list[int]]:
+        """Append prefilled sequences as rows (``pres``: their prefill outputs, which took ``spent`` seconds;
+        ``reused``: each one's tokens from the prefix pool); returns each one's first token."""
+        news = []
         keep = getattr(self.target, "pool", None) is not None
         for seq, pre, cached in zip(seqs, pres, reused):
             t1 = time.perf_counter()
@@ -225,7 +248,15 @@ class BatchDecoder:
 
     @torch.inference_mode()
     def step(self) -> list[tuple[Sequence, list[int]]]:
-        """One draft -> verify -> accept -> commit round over every row; returns each row's new tokens."""
+        """One draft -> verify -> accept -> commit round over every row; returns each row's new tokens (and the
+        first token of each newcomer whose prefill ended before the round: it decodes in the round too)."""
+        joined = self.admission.admit(self) if self.admission.queue else []
+        try:
+            return joined + self._round()
+        finally:
+            self.admission.round_done()
+
+    def _round(self) -> list[tuple[Sequence, list[int]]]:
         ended = self._drop_finished()
         for i, seq in enumerate(self.active):
             if not self.target.check_room(i):
@@ -366,7 +397,7 @@ def decode_batch(target: BatchTarget, seqs: list[Sequence], cost: CostModel | No
         joining, waiting = waiting[: max(0, limit - dec.rows)], waiting[max(0, limit - dec.rows):]
         dec.waiting = len(waiting)
         for seq, new in zip(joining, dec.add_many(joining)):
-            if on_tokens is not None:
+            if on_tokens is not None and new is not None:  # None: joins in a later round (admission.py)
                 on_tokens(seq, new)
         for seq, new in dec.step():
             if on_tokens is not None:

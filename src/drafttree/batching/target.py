@@ -137,14 +137,27 @@ class BatchTarget:
                 entry, p = hit
                 self.single.load_prefix(entry.ids[:p], entry.states, entry.features, room=ids.numel() - p)
             out = self.single.prefill(ids)
-            rows_for, slots_for = need or self._room([self.single.length], [room])
-            if self.cache is None:
-                self.cache = GrowingCache()
-            self.cache.add_row(self.single.cache, rows_for=rows_for, slots_for=slots_for)
-            self.lens.append(self.single.length)
-            self.row_prompts.append((ids.tolist(), out.features) if hit is None else None)
+            self._append_row(self.single, ids.tolist() if hit is None else None, out.features, room, need)
         finally:
             self.single.forget()  # what a newcomer's prefill leaves behind is never another's prefix
+        return out
+
+    def _append_row(self, single: TargetModel, ids: list[int] | None, features: torch.Tensor, room: int,
+                    need: tuple[int, int] | None = None) -> None:
+        """``single``'s sequence (its prompt's ids and features; None: not all of them there) as the last row."""
+        rows_for, slots_for = need or self._room([single.length], [room])
+        if self.cache is None:
+            self.cache = GrowingCache()
+        self.cache.add_row(single.cache, rows_for=rows_for, slots_for=slots_for)
+        self.lens.append(single.length)
+        self.row_prompts.append(None if ids is None else (ids, features))
+
+    @torch.inference_mode()
+    def add_prefilled(self, single: TargetModel, out: ForwardOutput, room: int = 0) -> ForwardOutput:
+        """Append a prompt prefilled on a cache of its own (``single``, whose prefill gave ``out``: a prompt prefilled
+        a chunk at a time beside the batch, see admission.py) as the last row; returns ``out``, as :meth:`add`."""
+        self._append_row(single, list(single.prefix.ids) if single.prefix is not None else None, out.features, room)
+        self.last_reused, self.last_shared = [0], [0]
         return out
 
     @torch.inference_mode()

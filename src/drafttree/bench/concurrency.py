@@ -80,7 +80,7 @@ def run_conversations(sm, convs: list[list[str]], spec: str, max_new_tokens: int
 
     lm, method, options = model_for(sm, spec, cached)
     method = lm._resolve_method(method)
-    dec = BatchDecoder(lm.batch_target(), lm.verify_cost(), lm.batch_policy)
+    dec = BatchDecoder(lm.batch_target(), lm.verify_cost(), lm.batch_policy, prefill_chunk=lm.prefill_chunk)
     messages: list[list[dict]] = [[] for _ in convs]
     done = [0] * len(convs)
     tokens, finish, ttft, taus, sizes = [0] * len(convs), [0.0] * len(convs), [], [], []
@@ -110,16 +110,22 @@ def run_conversations(sm, convs: list[list[str]], spec: str, max_new_tokens: int
 
     waiting = [next_turn(u) for u in range(len(convs))]
     live: set[int] = set()
+    held: dict[int, float] = {}  # newcomers whose prefill waits for a later round: when they were ready
     while waiting or dec.rows:
         joining, waiting = waiting[: max(0, max_batch - dec.rows)], waiting[max(0, max_batch - dec.rows):]
         dec.waiting = len(waiting)
-        for (seq, ready), _ in zip(joining, dec.add_many([s for s, _ in joining])):
-            ttft.append(time.perf_counter() - ready)
+        for (seq, ready), new in zip(joining, dec.add_many([s for s, _ in joining])):
             live.add(id(seq))
+            if new is None:  # its prefill ends in a later round (admission.py)
+                held[id(seq)] = ready
+                continue
+            ttft.append(time.perf_counter() - ready)
             if seq.finished:
                 live.discard(id(seq))
                 ended(seq)
         for seq, _ in dec.step():
+            if id(seq) in held:
+                ttft.append(time.perf_counter() - held.pop(id(seq)))
             if seq.finished and id(seq) in live:
                 live.discard(id(seq))
                 ended(seq)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import sys
 
+from drafttree.batching.admission import PREFILL_CHUNK, check_chunk
 from drafttree.errors import DraftTreeError, positive_int
 
 
@@ -34,6 +35,7 @@ def cmd_serve(args) -> int:
         raise DraftTreeError("--prefix-cache-tokens sizes the prefix cache: it needs --enable-prefix-caching")
     if args.prefix_cache_tokens is not None and args.prefix_cache_tokens <= 0:
         raise DraftTreeError(f"--prefix-cache-tokens must be > 0, got {args.prefix_cache_tokens}")
+    check_chunk(args.prefill_chunk)
     if args.enable_auto_tool_choice and args.tool_call_parser is None:
         raise DraftTreeError(f"--enable-auto-tool-choice needs --tool-call-parser ({', '.join(PARSERS)})")
     api_key = args.api_key or os.environ.get("DRAFTTREE_API_KEY") or None
@@ -44,6 +46,7 @@ def cmd_serve(args) -> int:
         args.model, method=args.method, draft_model=args.draft_model, head=args.head or "auto",
         dtype=args.dtype, device=args.device, prefix_cache=args.enable_prefix_caching,
     )
+    sm.prefill_chunk = args.prefill_chunk
     if args.batch_invariant:
         sm.batch_target().batch_invariant = True
     if args.prefix_cache_tokens is not None:
@@ -88,6 +91,10 @@ def add_parser(sub) -> None:
                                                     "(default: $DRAFTTREE_API_KEY; none = open, loopback only)")
     s.add_argument("--max-batch", type=int, default=16, help="requests decoded together (rows per forward)")
     s.add_argument("--max-queue", type=int, default=64, help="requests waiting beyond the batch; more get 503")
+    s.add_argument("--prefill-chunk", type=int, default=PREFILL_CHUNK,
+                   help="prompt tokens a round prefills at most while requests decode (default %(default)s): a long "
+                        "prompt joins a chunk a round instead of stalling every running stream for its whole "
+                        "prefill (chunked prefill); 0: newcomers are prefilled at once")
     s.add_argument("--quiet", action="store_true", help="do not log each request")
     s.add_argument("--batch-invariant", action="store_true",
                    help="a request's greedy text never depends on what else is being served, in bf16 too (a packed "

@@ -76,7 +76,8 @@ class Scheduler:
         if max_batch <= 0 or max_queue <= 0:
             raise DraftTreeError(f"max_batch and max_queue must be > 0, got {max_batch} and {max_queue}")
         self.sm, self.max_batch, self.max_queue = sm, max_batch, max_queue
-        self.decoder = BatchDecoder(sm.batch_target(), sm.verify_cost(), sm.batch_policy)
+        self.decoder = BatchDecoder(sm.batch_target(), sm.verify_cost(), sm.batch_policy,
+                                    prefill_chunk=sm.prefill_chunk)
         self.pending: collections.deque[Job] = collections.deque()
         self.cond = threading.Condition()
         self.pool: dict[str, list] = collections.defaultdict(list)
@@ -139,14 +140,21 @@ class Scheduler:
                 keep = [i for i, s in enumerate(dec.active) if id(s) not in mine]
                 dec.active = [dec.active[i] for i in keep]
                 dec.target.keep(keep)
+                dec.admission.drop([j.seq for j in ready])
                 for job in ready:  # fresh sequences: the failed attempt may have emitted their first tokens
                     self._prepare(job, job.seq.drafter)
             else:  # delivered only once all joined (a failure here fails the batch: no request answered twice)
                 for job, new in zip(ready, firsts):
-                    self._deliver(job, new)
+                    if new is not None:  # None: its prefill ends in a later round, whose step delivers it
+                        self._deliver(job, new)
                 return
         for job in ready:
-            self._guard(job, lambda j: self._deliver(j, self.decoder.add(j.seq)))
+            self._guard(job, self._start_one)
+
+    def _start_one(self, job: Job) -> None:
+        new = self.decoder.add(job.seq)
+        if new is not None:
+            self._deliver(job, new)
 
     def _guard(self, job: Job, work) -> bool:
         """Run ``work(job)``; a bad request gets its error (400, or 500 for a bug), the server goes on."""
@@ -222,13 +230,14 @@ class Scheduler:
     def _fail_all(self, err: Exception, joining: list[Job] = ()) -> None:
         """Every request in the batch (and those that were joining it) gets the error; the loop starts afresh."""
         traceback.print_exc(file=sys.stderr)
-        jobs = {id(s.tag): s.tag for s in self.decoder.active}
+        jobs = {id(s.tag): s.tag for s in self.decoder.active + self.decoder.held_back}
         jobs.update((id(j), j) for j in joining)
         for job in jobs.values():
             if not job.ended:  # answered already (done, or its own error): nothing more to say
                 job.push("error", 500, f"internal server error: {type(err).__name__}: {err}")
                 self.metrics.request_failed()
-        self.decoder = BatchDecoder(self.sm.batch_target(), self.sm.verify_cost(), self.sm.batch_policy)
+        self.decoder = BatchDecoder(self.sm.batch_target(), self.sm.verify_cost(), self.sm.batch_policy,
+                                    prefill_chunk=self.sm.prefill_chunk)
         self.decoder.target.keep([])
         self.decoder.target.forget_buffers()  # a failed forward may have left them half-written
 
@@ -238,7 +247,7 @@ class Scheduler:
                 while not self.pending and not self.decoder.rows and not self.stopping:
                     self.cond.wait()
                 if self.stopping:
-                    for job in list(self.pending) + [s.tag for s in self.decoder.active]:
+                    for job in list(self.pending) + [s.tag for s in self.decoder.active + self.decoder.held_back]:
                         job.push("error", 503, "the server is shutting down")
                     return
                 joining = []

@@ -1,0 +1,122 @@
+"""Newcomers' prefill beside a decoding batch, a bounded number of prompt tokens per round (chunked prefill).
+
+Why: a prefill is one forward over a whole prompt, and every row already decoding waits for it. On a 2-core CPU a
+3,000-token prompt takes ~2.3 s, and every other stream stood still for that long (a burst of newcomers: for the sum
+of theirs). vLLM and SGLang bound the prompt tokens of a step (chunked prefill) so that running streams keep their
+pace; so does this. While rows decode, a round prefills at most ``chunk`` prompt tokens: the queue's next whole prompts
+that fit (packed together, as :meth:`BatchTarget.add_many` prefills them), or the next ``chunk`` tokens of a longer one
+on a cache of its own (a single-sequence target: each chunk attends over the chunks before it, as a prompt's rest over
+a cached prefix does), which joins the batch as a row once whole. With no row decoding nobody waits, and everything
+queued is prefilled at once. A prompt's tokens are what they would be alone up to the last bits of its states (a
+chunk's products and attention ran over fewer rows: float32 ~1e-6), as with prefix caching; the batch-invariant
+setting never chunks (its point is that a request's bits do not depend on what else is served).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from typing import TYPE_CHECKING
+
+import torch
+
+from drafttree.errors import DraftTreeError
+from drafttree.target import ForwardOutput, TargetModel
+
+if TYPE_CHECKING:
+    from drafttree.batching.decode import BatchDecoder, Sequence
+
+PREFILL_CHUNK = 512  # prompt tokens a round of a decoding batch prefills at most (~0.35 s here); 0: no bound
+
+
+def check_chunk(chunk: object) -> int:
+    """``chunk`` as a number of tokens (>= 0), or a one-line error."""
+    if isinstance(chunk, bool) or not isinstance(chunk, int) or chunk < 0:
+        raise DraftTreeError(f"prefill_chunk must be a number of tokens >= 0 (0: no bound), got {chunk!r}")
+    return chunk
+
+
+class PromptInChunks:
+    """One prompt prefilled a chunk at a time on a single-sequence target of its own."""
+
+    def __init__(self, seq: Sequence, model: torch.nn.Module, feature_layers: list[int] | None):
+        self.seq = seq
+        self.ids = seq.prompt_ids.reshape(-1)
+        # keep_prefix: each prefill of a longer piece of the prompt computes only what the cache does not hold yet
+        self.single = TargetModel(model, feature_layers, keep_prefix=True)
+        self.done, self.seconds = 0, 0.0
+        self.out: ForwardOutput | None = None
+
+    @property
+    def left(self) -> int:
+        return self.ids.numel() - self.done
+
+    def advance(self, tokens: int) -> None:
+        end = min(self.ids.numel(), self.done + max(1, tokens))
+        t0 = time.perf_counter()
+        self.out = self.single.prefill(self.ids[:end])
+        self.seconds += time.perf_counter() - t0
+        self.done = end
+
+
+class Admission:
+    """The newcomers a decoding batch holds back, and what this round has prefilled of them (see the module)."""
+
+    def __init__(self, chunk: int = PREFILL_CHUNK):
+        self.chunk = check_chunk(chunk)
+        self.queue: list[Sequence] = []  # held back, in arrival order
+        self.partial: PromptInChunks | None = None  # the queue's first prompt, part prefilled
+        self.spent = 0  # prompt tokens prefilled since the last round
+
+    def holds_back(self, dec: BatchDecoder) -> bool:
+        """Whether newcomers wait for the rounds' budget instead of being prefilled at once."""
+        return self.chunk > 0 and bool(dec.active or self.queue) and not dec.target.batch_invariant
+
+    def round_done(self) -> None:
+        self.spent = 0
+
+    def drop(self, seqs: list[Sequence]) -> None:
+        """Forget these (a failed admission the caller retries one by one)."""
+        mine = {id(s) for s in seqs}
+        self.queue = [s for s in self.queue if id(s) not in mine]
+        if self.partial is not None and id(self.partial.seq) in mine:
+            self.partial = None
+
+    def admit(self, dec: BatchDecoder) -> list[tuple[Sequence, list[int]]]:
+        """Prefill what this round may of the queue (all of it when no row decodes) and join it to ``dec``'s rows;
+        returns each joined sequence's first token (a cancelled one: none, and it is finished)."""
+        gone = [s for s in self.queue if s.cancelled]  # they leave now, wherever they wait
+        self.drop(gone)
+        for s in gone:
+            s._finish("cancelled")
+        out: list[tuple[Sequence, list[int]]] = [(s, []) for s in gone]
+        budget = self.chunk - self.spent if dec.active and self.chunk else math.inf
+        while self.queue and budget > 0:
+            head = self.queue[0]
+            if self.partial is not None or (budget < math.inf and head.prompt_ids.numel() > self.chunk):
+                if self.partial is None:  # longer than any round's budget: a chunk a round
+                    self.partial = PromptInChunks(head, dec.target.model, dec.target.feature_layers)
+                take = self.partial.left if budget == math.inf else min(int(budget), self.partial.left)
+                self.partial.advance(take)
+                self.spent += take
+                budget -= take
+                if self.partial.left == 0:
+                    part, self.partial = self.partial, None
+                    self.queue.pop(0)
+                    pre = dec.target.add_prefilled(part.single, part.out, head.max_new_tokens)
+                    out.append((head, dec.join([head], [pre], part.seconds, [0])[0]))
+                continue
+            group, total = [], 0  # whole prompts, packed, while they fit
+            for s in self.queue:
+                n = s.prompt_ids.numel()
+                if total + n > budget or (budget < math.inf and n > self.chunk):
+                    break
+                group.append(s)
+                total += n
+            if not group:
+                break  # the next prompt waits for the next round's budget
+            del self.queue[: len(group)]
+            self.spent += total
+            budget -= total
+            out += list(zip(group, dec.prefill_now(group)))
+        return out

@@ -1,0 +1,153 @@
+"""Newcomers' prefill beside a decoding batch (batching/admission.py), on the real default model in float32: a long
+prompt joins a chunk a round while the running rows keep decoding, short ones wait for the round's budget, and
+every row's greedy output equals the prompt decoded alone."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from drafttree.errors import DraftTreeError
+
+STORY = ("The lighthouse stood at the end of a long stone pier, and every evening the keeper climbed its hundred "
+         "steps to light the lamp. ")
+LONG = "Read this and then say in one sentence what the keeper did each evening: " + STORY * 9
+SHORT = ["Write a haiku about autumn leaves.", "List three colours.", "Name a large city in Asia.",
+         "What is two plus two?", "Say hello in French."]
+NEW = 24
+
+
+@pytest.fixture(scope="module")
+def lm(default_fp32):
+    from drafttree import SpeculativeModel
+
+    return SpeculativeModel(default_fp32, method="lookup")
+
+
+@pytest.fixture(scope="module")
+def alone(lm):
+    return {p: lm.generate(p, max_new_tokens=NEW).tokens for p in [LONG] + SHORT}
+
+
+def _seq(lm, prompt):
+    from drafttree.accept import Sampling
+    from drafttree.batching import Sequence
+    from drafttree.drafters import make_drafter
+
+    return Sequence(lm.encode_prompt(prompt), make_drafter("lookup", lm.target, None, None), Sampling(), NEW,
+                    frozenset(lm.eos_ids), tag=prompt)
+
+
+def _decoder(lm, chunk):
+    from drafttree.batching import BatchDecoder
+
+    lm.batch_target().keep([])
+    return BatchDecoder(lm.batch_target(), lm.verify_cost(), lm.batch_policy, prefill_chunk=chunk)
+
+
+def test_a_long_prompt_joins_a_chunk_a_round_while_the_rows_decode(lm, alone, monkeypatch):
+    from drafttree.batching.admission import PromptInChunks
+
+    reused = []
+    real = PromptInChunks.advance
+
+    def advance(self, tokens):
+        before = self.done
+        real(self, tokens)
+        reused.append((before, self.single.reused))
+
+    monkeypatch.setattr(PromptInChunks, "advance", advance)
+    chunk = 48
+    dec = _decoder(lm, chunk)
+    running, late = _seq(lm, SHORT[0]), _seq(lm, LONG)
+    assert dec.add(running) is not None  # nothing decodes yet: prefilled at once
+    dec.step()
+    assert dec.add(late) is None and dec.rows == 2  # held back, its place kept
+    n = late.prompt_ids.numel()
+    assert n > 3 * chunk
+    rounds = 0
+    while not late.tokens:
+        got = {id(s): new for s, new in dec.step()}
+        rounds += 1
+        if not running.finished:
+            assert got.get(id(running)), "the running row decodes in every round of the newcomer's prefill"
+    # its first chunk ran in add(), whose round it was (that round's budget spent), then one a round
+    assert rounds == 1 + math.ceil((n - chunk) / chunk)
+    assert [b for b, r in reused] == list(range(0, n, chunk))
+    assert all(r == b for b, r in reused)  # each chunk computed only its own tokens
+    while dec.rows:
+        dec.step()
+    assert late.tokens == alone[LONG] and running.tokens == alone[SHORT[0]]
+
+
+def test_short_newcomers_wait_for_the_rounds_budget_in_order(lm, alone):
+    dec = _decoder(lm, 40)
+    first = _seq(lm, SHORT[0])
+    dec.add(first)
+    dec.step()
+    rest = [_seq(lm, p) for p in SHORT[1:]]
+    sizes = [s.prompt_ids.numel() for s in rest]
+    assert all(n <= 40 for n in sizes) and sum(sizes[:2]) > 40
+    firsts = dec.add_many(rest)
+    assert firsts[0] is not None and all(f is None for f in firsts[1:])  # one fits this round, the rest wait
+    joined_at = {}
+    step = 0
+    while dec.rows:
+        step += 1
+        for s, new in dec.step():
+            if new and id(s) not in joined_at:
+                joined_at[id(s)] = step
+    order = [joined_at[id(s)] for s in rest[1:]]
+    assert order == sorted(order) and order[-1] > order[0]  # in the order they came, over several rounds
+    for s in [first] + rest:
+        assert s.tokens == alone[s.tag]
+
+
+def test_a_cancelled_newcomer_is_never_prefilled(lm):
+    dec = _decoder(lm, 32)
+    dec.add(_seq(lm, SHORT[0]))
+    late = _seq(lm, LONG)
+    assert dec.add(late) is None
+    late.cancelled = True
+    out = dec.step()
+    assert (late, []) in [(s, n) for s, n in out]
+    assert late.stats.finish_reason == "cancelled" and dec.rows == 1 and dec.target.rows == 1
+
+
+def test_nothing_is_held_back_without_running_rows_off_or_batch_invariant(lm):
+    idle = _decoder(lm, 16)
+    assert idle.add(_seq(lm, LONG)) is not None  # no row decodes: nobody waits for the prefill
+    for chunk, invariant in ((0, False), (16, True)):
+        dec = _decoder(lm, chunk)
+        dec.target.batch_invariant = invariant
+        try:
+            dec.add(_seq(lm, SHORT[0]))
+            assert dec.add(_seq(lm, LONG)) is not None
+        finally:
+            dec.target.batch_invariant = False
+
+
+@pytest.mark.parametrize("bad", [-1, 1.5, "64", True])
+def test_a_bad_prefill_chunk_is_a_clear_error(lm, bad):
+    with pytest.raises(DraftTreeError, match="prefill_chunk"):
+        lm.prefill_chunk = bad
+    with pytest.raises(DraftTreeError, match="prefill_chunk"):
+        _decoder(lm, bad)
+
+
+def test_stream_batch_with_chunked_newcomers_is_exact(lm, alone):
+    """A batch of one row at a time (max_batch=2) whose later prompts join while a row decodes: the API streams
+    every prompt's text, equal to each alone."""
+    lm.prefill_chunk = 32
+    try:
+        prompts = [SHORT[0], LONG, SHORT[1]]
+        texts = {i: [] for i in range(len(prompts))}
+        for i, chunk in lm.stream_batch(prompts, max_new_tokens=NEW, max_batch=2):
+            texts[i].append(chunk)
+        results = lm.batch_results()
+    finally:
+        lm.prefill_chunk = 512
+    for p, r in zip(prompts, results):
+        assert r.tokens == alone[p]
+    assert all(texts[i] for i in texts)
