@@ -414,6 +414,8 @@ def test_concurrency_steady_load_with_repeats(tmp_path, capsys, monkeypatch):
         assert r["requests"] == 2 * u and len(r["all_aggregate_tps"]) == 2
         assert 0 < r["tokens"] <= 4 * 2 * u and r["per_user_tps"] == pytest.approx(r["aggregate_tps"] / u)
         assert min(r["all_aggregate_tps"]) <= round(r["aggregate_tps"], 2) <= max(r["all_aggregate_tps"])
+        assert 0 < r["longest_wait_s"] < r["wall"]  # the longest a user waited between two of its chunks
+    assert data["meta"]["prefill_chunk"] == 512
     assert "steady load (2 requests per user in turn), median of 2 interleaved runs" in \
         (out / "concurrency.md").read_text()
     assert "alone_tps" not in rows[(2, "auto")]

@@ -418,8 +418,9 @@ def test_serve_subcommand_is_registered():
 @pytest.mark.parametrize("argv,msg", [
     (["--prefix-cache-tokens", "100"], "it needs --enable-prefix-caching"),
     (["--enable-prefix-caching", "--prefix-cache-tokens", "0"], "--prefix-cache-tokens must be > 0"),
+    (["--prefill-chunk", "-1"], "prefill_chunk must be a number of tokens >= 0"),
 ])
-def test_serve_prefix_cache_flags_fail_before_loading(capsys, argv, msg):
+def test_serve_flags_fail_before_loading(capsys, argv, msg):
     from drafttree.cli import main
 
     assert main(["serve", "--port", "0", *argv]) == 2

@@ -27,6 +27,34 @@ if TYPE_CHECKING:
     from drafttree.batching.decode import BatchDecoder, Sequence
 
 PREFILL_CHUNK = 512  # prompt tokens a round of a decoding batch prefills at most (~0.35 s here); 0: no bound
+MIN_CHUNK = 16  # a long prompt's chunk at least, however far into it (a chunk costs a forward of its own)
+
+
+def keys_per_token(model: torch.nn.Module) -> float:
+    """How many keys a token's attention reads for what its products cost (per layer: 2 x the layer's matrix weights
+    against 4 x the query heads' width per key): a prompt's later tokens cost more, and a budget of tokens counts
+    each token as 1 + its keys / this (SmolLM2-135M: 3,072; 512 tokens after 2,700 others cost ~1.9x the first 512)."""
+    layers = getattr(model.base_model, "layers", None)
+    if not layers:
+        return math.inf
+    cfg = model.config
+    heads = int(cfg.num_attention_heads)
+    width = heads * int(getattr(cfg, "head_dim", None) or cfg.hidden_size // heads)
+    weights = sum(p.numel() for p in layers[0].parameters() if p.dim() == 2)
+    return weights / (2 * width) if weights else math.inf
+
+
+def prompt_cost(n: int, before: int, k: float) -> float:
+    """What ``n`` prompt tokens after ``before`` others cost, in tokens of a fresh prompt (see keys_per_token)."""
+    return n + n * (before + n / 2) / k
+
+
+def tokens_within(budget: float, before: int, k: float) -> int:
+    """The most tokens after ``before`` others that cost at most ``budget`` (prompt_cost's inverse)."""
+    if k == math.inf:
+        return int(budget)
+    b = 1 + before / k
+    return int(k * (math.sqrt(b * b + 2 * budget / k) - b))
 
 
 def check_chunk(chunk: object) -> int:
@@ -66,14 +94,15 @@ class Admission:
         self.chunk = check_chunk(chunk)
         self.queue: list[Sequence] = []  # held back, in arrival order
         self.partial: PromptInChunks | None = None  # the queue's first prompt, part prefilled
-        self.spent = 0  # prompt tokens prefilled since the last round
+        self.spent = 0.0  # what the prefills since the last round cost, in tokens of a fresh prompt (prompt_cost)
+        self._keys: float | None = None  # keys_per_token of the batch's model
 
     def holds_back(self, dec: BatchDecoder) -> bool:
         """Whether newcomers wait for the rounds' budget instead of being prefilled at once."""
         return self.chunk > 0 and bool(dec.active or self.queue) and not dec.target.batch_invariant
 
     def round_done(self) -> None:
-        self.spent = 0
+        self.spent = 0.0
 
     def drop(self, seqs: list[Sequence]) -> None:
         """Forget these (a failed admission the caller retries one by one)."""
@@ -91,24 +120,33 @@ class Admission:
             s._finish("cancelled")
         out: list[tuple[Sequence, list[int]]] = [(s, []) for s in gone]
         budget = self.chunk - self.spent if dec.active and self.chunk else math.inf
+        if self._keys is None:
+            self._keys = keys_per_token(dec.target.model)
+        k = self._keys
         while self.queue and budget > 0:
             head = self.queue[0]
-            if self.partial is not None or (budget < math.inf and head.prompt_ids.numel() > self.chunk):
-                if self.partial is None:  # longer than any round's budget: a chunk a round
+            dear = budget < math.inf and prompt_cost(head.prompt_ids.numel(), 0, k) > self.chunk
+            if self.partial is not None or dear:
+                if self.partial is None:  # dearer than any round's budget: a chunk a round
                     self.partial = PromptInChunks(head, dec.target.model, dec.target.feature_layers)
-                take = self.partial.left if budget == math.inf else min(int(budget), self.partial.left)
+                done = self.partial.done
+                take = self.partial.left if budget == math.inf else tokens_within(budget, done, k)
+                if take < MIN_CHUNK and self.spent:
+                    break  # what this round has left is not worth a forward: the next round's budget
+                take = min(max(MIN_CHUNK, take), self.partial.left)
                 self.partial.advance(take)
-                self.spent += take
-                budget -= take
+                cost = prompt_cost(take, done, k)
+                self.spent += cost
+                budget -= cost
                 if self.partial.left == 0:
                     part, self.partial = self.partial, None
                     self.queue.pop(0)
                     pre = dec.target.add_prefilled(part.single, part.out, head.max_new_tokens)
                     out.append((head, dec.join([head], [pre], part.seconds, [0])[0]))
                 continue
-            group, total = [], 0  # whole prompts, packed, while they fit
+            group, total = [], 0.0  # whole prompts, packed, while they fit
             for s in self.queue:
-                n = s.prompt_ids.numel()
+                n = prompt_cost(s.prompt_ids.numel(), 0, k)
                 if total + n > budget or (budget < math.inf and n > self.chunk):
                     break
                 group.append(s)

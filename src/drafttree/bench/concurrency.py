@@ -22,6 +22,7 @@ from pathlib import Path
 
 import torch
 
+from drafttree.batching.admission import PREFILL_CHUNK, check_chunk
 from drafttree.bench.config import parse_method, positive_ints
 from drafttree.bench.tasks import BUILTIN, load_tasks
 from drafttree.errors import DraftTreeError
@@ -141,14 +142,18 @@ def run_ours(sm, prompts: list[str], spec: str, max_new_tokens: int, max_batch: 
     sm, method, options = model_for(sm, spec, {} if cached is None else cached)
     t0 = time.perf_counter()
     done: dict[int, float] = {}
+    wait = 0.0  # the longest a user waited between two of its chunks (a newcomer's prefill stalls every row)
     for i, _chunk in sm.stream_batch(prompts, max_new_tokens, method=None if method == "auto" else method,
                                      max_batch=max_batch or len(prompts), method_options=options or None):
-        done[i] = time.perf_counter() - t0
+        now = time.perf_counter() - t0
+        if i in done:
+            wait = max(wait, now - done[i])
+        done[i] = now
     wall = time.perf_counter() - t0
     results = sm.batch_results()
     tokens = [r.new_tokens for r in results]
     sizes = [s for r in results for s in r.stats.tree_sizes]
-    return {"wall": wall, "tokens": tokens, "finish": [done[i] for i in range(len(prompts))],
+    return {"wall": wall, "tokens": tokens, "finish": [done[i] for i in range(len(prompts))], "longest_wait": wait,
             "tau": statistics.mean(r.tau for r in results), "tree": statistics.mean(sizes) if sizes else 1.0}
 
 
@@ -217,6 +222,8 @@ def measure(sm, users: list[int], methods: list[str], max_new_tokens: int, tasks
             row = {"users": u, "method": m, "aggregate_tps": agg, "per_user_tps": per_user,
                    "tokens": sum(r["tokens"]), "wall": r["wall"], "tau": r["tau"], "mean_tree": r["tree"],
                    "requests": u * R, "all_aggregate_tps": [round(a, 2) for a in aggs]}
+            if "longest_wait" in r:
+                row["longest_wait_s"] = round(r["longest_wait"], 4)
             if m == "auto" and "ar" in runs and len(runs[m]) > 1:  # each repeat's auto run over its ar run (adjacent
                 # in time: the host's drift between repeats, 10-20% here, cancels in a pair, not in a ratio of medians)
                 row["paired_vs_ar"] = [round(sum(a["tokens"]) / a["wall"] / (sum(b["tokens"]) / b["wall"]), 4)
@@ -226,8 +233,10 @@ def measure(sm, users: list[int], methods: list[str], max_new_tokens: int, tasks
                 row["alone_tps"] = sum(one["tokens"]) / one["wall"]
             rows.append(row)
             spread = f"   runs {', '.join(f'{a:.1f}' for a in aggs)}" if len(aggs) > 1 else ""
+            wait = f"   longest wait {row['longest_wait_s']:.2f} s" if "longest_wait_s" in row else ""
             print(f"[concurrency] {u:3d} users  {m:10s} aggregate {row['aggregate_tps']:7.1f} tok/s   per user "
-                  f"{row['per_user_tps']:6.2f} tok/s   tau {row['tau']:.2f}   tree {row['mean_tree']:.1f}{spread}",
+                  f"{row['per_user_tps']:6.2f} tok/s   tau {row['tau']:.2f}   tree {row['mean_tree']:.1f}"
+                  f"{wait}{spread}",
                   file=sys.stderr, flush=True)
     return rows
 
@@ -312,7 +321,9 @@ def cmd_concurrency(args) -> int:
         raise DraftTreeError("hf-ar serves one padded batch: use it with --requests-per-user 1")
     if args.turns <= 0:
         raise DraftTreeError(f"--turns must be positive, got {args.turns}")
+    check_chunk(args.prefill_chunk)
     sm = drafttree.SpeculativeModel.from_pretrained(args.model, dtype=args.dtype, device=args.device)
+    sm.prefill_chunk = args.prefill_chunk
     rows = measure(sm, users, methods, args.max_new_tokens, tasks, args.data_dir,
                    requests_per_user=args.requests_per_user, repeats=args.repeats, alone=args.alone, turns=args.turns)
     out = Path(args.out)
@@ -321,7 +332,7 @@ def cmd_concurrency(args) -> int:
             "dtype": str(sm.target.dtype).replace("torch.", ""), "device": str(sm.target.device),
             "threads": torch.get_num_threads(), "max_new_tokens": args.max_new_tokens, "tasks": tasks,
             "auto_is": sm.method, "requests_per_user": args.requests_per_user, "repeats": args.repeats,
-            "alone": args.alone, "turns": args.turns}
+            "alone": args.alone, "turns": args.turns, "prefill_chunk": args.prefill_chunk}
     (out / "concurrency.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
     md = (f"`{meta['command']}` — {meta['model']}, {meta['dtype']}, {meta['device']}, {meta['threads']} threads, "
           f"{args.max_new_tokens} new tokens per request, {load_words(meta)}, T=0; auto = {sm.method}\n\n"
@@ -398,6 +409,8 @@ def add_parser(rsub) -> None:
     c.add_argument("--repeats", type=int, default=1, help="runs per (users, method), interleaved; median reported")
     c.add_argument("--alone", action="store_true",
                    help="also serve auto's requests one at a time: the batch's gain on the same requests")
+    c.add_argument("--prefill-chunk", type=int, default=PREFILL_CHUNK,
+                   help="prompt tokens a round prefills at most while rows decode (chunked prefill; 0: at once)")
     c.add_argument("--model", default="smollm2-135m-instruct")
     c.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"])
     c.add_argument("--device", default="auto")
