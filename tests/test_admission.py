@@ -153,3 +153,30 @@ def test_stream_batch_with_chunked_newcomers_is_exact(lm, alone):
     for p, r in zip(prompts, results):
         assert r.tokens == alone[p]
     assert all(texts[i] for i in texts)
+
+
+def test_a_next_turn_from_the_prefix_pool_prefills_only_its_rest_in_chunks(default_fp32, monkeypatch):
+    """With the prefix cache, a chat's next turn joining a decoding batch starts from its pool entry and prefills
+    only the rest, a chunk a round; its answer is plain decoding's."""
+    from drafttree import SpeculativeModel
+    from drafttree.batching.admission import PromptInChunks
+
+    plain = SpeculativeModel(default_fp32, method="lookup")
+    cached = SpeculativeModel(default_fp32, method="lookup", prefix_cache=True)
+    conv = [{"role": "user", "content": LONG}]
+    first = cached.generate([conv], max_new_tokens=NEW)[0]  # its row leaves its states in the pool
+    conv += [{"role": "assistant", "content": first.text},
+             {"role": "user", "content": "Now tell it again, but for a child, with the lamp and the steps in it."}]
+    taken = []
+    real = PromptInChunks.advance
+    monkeypatch.setattr(PromptInChunks, "advance", lambda self, n: (taken.append(min(n, self.left)), real(self, n)))
+    dec = _decoder(cached, 16)
+    dec.add(_seq(cached, SHORT[0]))
+    dec.step()
+    nxt = _seq(cached, conv)
+    assert dec.add(nxt) is None
+    while dec.rows:
+        dec.step()
+    n, reused = nxt.prompt_ids.numel(), nxt.stats.cached_tokens
+    assert reused > 100 and sum(taken) == n - reused and len(taken) >= 2  # the rest only, in chunks
+    assert nxt.tokens == plain.generate(conv, max_new_tokens=NEW).tokens

@@ -67,13 +67,19 @@ def check_chunk(chunk: object) -> int:
 class PromptInChunks:
     """One prompt prefilled a chunk at a time on a single-sequence target of its own."""
 
-    def __init__(self, seq: Sequence, model: torch.nn.Module, feature_layers: list[int] | None):
+    def __init__(self, seq: Sequence, model: torch.nn.Module, feature_layers: list[int] | None, pool=None):
         self.seq = seq
         self.ids = seq.prompt_ids.reshape(-1)
         # keep_prefix: each prefill of a longer piece of the prompt computes only what the cache does not hold yet
         self.single = TargetModel(model, feature_layers, keep_prefix=True)
         self.done, self.seconds = 0, 0.0
         self.out: ForwardOutput | None = None
+        hit = pool.best(self.ids.tolist()) if pool is not None else None
+        self.cached = 0 if hit is None else hit[1]
+        if hit is not None:  # a prefix pool's entry (a chat's last turn): only the rest is prefilled, in chunks
+            entry, p = hit
+            self.single.load_prefix(entry.ids[:p], entry.states, entry.features, room=self.ids.numel() - p)
+            self.done = p
 
     @property
     def left(self) -> int:
@@ -125,10 +131,13 @@ class Admission:
         k = self._keys
         while self.queue and budget > 0:
             head = self.queue[0]
-            dear = budget < math.inf and prompt_cost(head.prompt_ids.numel(), 0, k) > self.chunk
+            n, pool = head.prompt_ids.numel(), dec.target.pool
+            hit = pool.peek(head.prompt_ids.reshape(-1).tolist()) if pool is not None and self.partial is None else None
+            cached = 0 if hit is None else hit[1]
+            dear = budget < math.inf and prompt_cost(n - cached, cached, k) > self.chunk
             if self.partial is not None or dear:
                 if self.partial is None:  # dearer than any round's budget: a chunk a round
-                    self.partial = PromptInChunks(head, dec.target.model, dec.target.feature_layers)
+                    self.partial = PromptInChunks(head, dec.target.model, dec.target.feature_layers, pool)
                 done = self.partial.done
                 take = self.partial.left if budget == math.inf else tokens_within(budget, done, k)
                 if take < MIN_CHUNK and self.spent:
@@ -141,12 +150,15 @@ class Admission:
                 if self.partial.left == 0:
                     part, self.partial = self.partial, None
                     self.queue.pop(0)
-                    pre = dec.target.add_prefilled(part.single, part.out, head.max_new_tokens)
-                    out.append((head, dec.join([head], [pre], part.seconds, [0])[0]))
+                    pre = dec.target.add_prefilled(part.single, part.out, head.max_new_tokens, not part.cached)
+                    out.append((head, dec.join([head], [pre], part.seconds, [part.cached])[0]))
                 continue
-            group, total = [], 0.0  # whole prompts, packed, while they fit
+            group, total = [], 0.0  # whole prompts, packed, while they fit (a pool hit: its rest)
             for s in self.queue:
-                n = prompt_cost(s.prompt_ids.numel(), 0, k)
+                ids = s.prompt_ids.reshape(-1)
+                hit = pool.peek(ids.tolist()) if pool is not None else None
+                cached = 0 if hit is None else hit[1]
+                n = prompt_cost(ids.numel() - cached, cached, k)
                 if total + n > budget or (budget < math.inf and n > self.chunk):
                     break
                 group.append(s)

@@ -58,10 +58,8 @@ class PrefixPool:
         while self.tokens > self.max_tokens:
             self.entries.pop(0)
 
-    def best(self, ids: list[int]) -> tuple[PrefixEntry, int] | None:
-        """The entry sharing the longest prefix with ``ids`` (at most all but its last token) and that length, or
-        None when none shares ``min_match`` tokens; a hit becomes the newest entry."""
-        self.lookups += 1
+    def peek(self, ids: list[int]) -> tuple[PrefixEntry, int] | None:
+        """What :meth:`best` would return, without counting a lookup or touching the entries' order."""
         found, longest = None, 0
         for e in self.entries:
             p = min(common_prefix(e.ids, ids), len(ids) - 1)
@@ -69,6 +67,16 @@ class PrefixPool:
                 found, longest = e, p
         if found is None or longest < max(self.min_match, self.min_share * len(ids)):
             return None
+        return found, longest
+
+    def best(self, ids: list[int]) -> tuple[PrefixEntry, int] | None:
+        """The entry sharing the longest prefix with ``ids`` (at most all but its last token) and that length, or
+        None when none shares ``min_match`` tokens; a hit becomes the newest entry."""
+        self.lookups += 1
+        hit = self.peek(ids)
+        if hit is None:
+            return None
+        found, longest = hit
         self.entries.remove(found)
         self.entries.append(found)
         self.hits += 1

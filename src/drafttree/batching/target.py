@@ -153,10 +153,13 @@ class BatchTarget:
         self.row_prompts.append(None if ids is None else (ids, features))
 
     @torch.inference_mode()
-    def add_prefilled(self, single: TargetModel, out: ForwardOutput, room: int = 0) -> ForwardOutput:
+    def add_prefilled(self, single: TargetModel, out: ForwardOutput, room: int = 0, shared: bool = True
+                      ) -> ForwardOutput:
         """Append a prompt prefilled on a cache of its own (``single``, whose prefill gave ``out``: a prompt prefilled
-        a chunk at a time beside the batch, see admission.py) as the last row; returns ``out``, as :meth:`add`."""
-        self._append_row(single, list(single.prefix.ids) if single.prefix is not None else None, out.features, room)
+        a chunk at a time beside the batch, see admission.py) as the last row; returns ``out``, as :meth:`add`.
+        ``shared``: newcomers may take its prefix (False for one that began as a pool entry, as :meth:`add`)."""
+        ids = list(single.prefix.ids) if shared and single.prefix is not None else None
+        self._append_row(single, ids, out.features, room)
         self.last_reused, self.last_shared = [0], [0]
         return out
 
