@@ -424,6 +424,7 @@ def test_concurrency_steady_load_with_repeats(tmp_path, capsys, monkeypatch):
         assert rows[(u, "auto")]["paired_vs_ar"] == pytest.approx([x / y for x, y in zip(a, b)], rel=1e-2)
         assert "paired_vs_ar" not in rows[(u, "ar")]
     assert "(runs paired: median" in (out / "concurrency.md").read_text()
+    assert "; longest wait " in (out / "concurrency.md").read_text()
     out = tmp_path / "alone"
     from drafttree.bench import concurrency
 

@@ -282,12 +282,15 @@ def table(rows: list[dict], methods: list[str]) -> str:
     alone = get.get((1, "auto"))
     same = any("alone_tps" in r for r in rows)  # the same requests served one at a time, measured
     both = "auto" in methods and "ar" in methods
+    # longest wait: the longest a user waited between two of its chunks (the median run's)
     lines = ["| users | " + " | ".join(f"{m} aggregate tok/s (per user)" for m in methods)
              + (" | auto vs ar | auto vs auto alone |" if both else " |")
              + (" auto vs the same requests one at a time |" if same else ""),
              "|---|" + "---|" * len(methods) + ("---|---|" if both else "") + ("---|" if same else "")]
     for u in users:
-        cells = [f"{get[(u, m)]['aggregate_tps']:.1f} ({get[(u, m)]['per_user_tps']:.2f})" for m in methods]
+        cells = [f"{get[(u, m)]['aggregate_tps']:.1f} ({get[(u, m)]['per_user_tps']:.2f})"
+                 + (f"; longest wait {get[(u, m)]['longest_wait_s']:.2f} s" if "longest_wait_s" in get[(u, m)] else "")
+                 for m in methods]
         if "ttft" in get[(u, methods[0])]:  # conversations: how long a turn waits for its first token
             cells = [f"{c}; first token {1000 * get[(u, m)]['ttft']:.0f} ms, "
                      f"{100 * get[(u, m)]['cached_share']:.0f}% of prompts cached" for c, m in zip(cells, methods)]
