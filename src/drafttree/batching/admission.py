@@ -102,10 +102,18 @@ class Admission:
         self.partial: PromptInChunks | None = None  # the queue's first prompt, part prefilled
         self.spent = 0.0  # what the prefills since the last round cost, in tokens of a fresh prompt (prompt_cost)
         self._keys: float | None = None  # keys_per_token of the batch's model
+        self._cached: dict[int, int] = {}  # per queued sequence: the tokens a prefix-pool entry held when it came
+
+    def enqueue(self, seqs: list[Sequence], pool) -> None:
+        """Hold these back, in order; each one's pool hit is priced once, now (a price, not what its prefill takes)."""
+        for s in seqs:
+            hit = pool.peek(s.prompt_ids.reshape(-1).tolist()) if pool is not None else None
+            self._cached[id(s)] = 0 if hit is None else hit[1]
+        self.queue += seqs
 
     def holds_back(self, dec: BatchDecoder) -> bool:
         """Whether newcomers wait for the rounds' budget instead of being prefilled at once."""
-        return self.chunk > 0 and bool(dec.active or self.queue) and not dec.target.batch_invariant
+        return self.chunk > 0 and bool(dec.active or self.queue) and not getattr(dec.target, "batch_invariant", False)
 
     def round_done(self) -> None:
         self.spent = 0.0
@@ -114,6 +122,8 @@ class Admission:
         """Forget these (a failed admission the caller retries one by one)."""
         mine = {id(s) for s in seqs}
         self.queue = [s for s in self.queue if id(s) not in mine]
+        for key in mine:
+            self._cached.pop(key, None)
         if self.partial is not None and id(self.partial.seq) in mine:
             self.partial = None
 
@@ -131,13 +141,12 @@ class Admission:
         k = self._keys
         while self.queue and budget > 0:
             head = self.queue[0]
-            n, pool = head.prompt_ids.numel(), dec.target.pool
-            hit = pool.peek(head.prompt_ids.reshape(-1).tolist()) if pool is not None and self.partial is None else None
-            cached = 0 if hit is None else hit[1]
+            n, cached = head.prompt_ids.numel(), self._cached.get(id(head), 0)
             dear = budget < math.inf and prompt_cost(n - cached, cached, k) > self.chunk
             if self.partial is not None or dear:
                 if self.partial is None:  # dearer than any round's budget: a chunk a round
-                    self.partial = PromptInChunks(head, dec.target.model, dec.target.feature_layers, pool)
+                    self.partial = PromptInChunks(head, dec.target.model, dec.target.feature_layers,
+                                                  getattr(dec.target, "pool", None))
                 done = self.partial.done
                 take = self.partial.left if budget == math.inf else tokens_within(budget, done, k)
                 if take < MIN_CHUNK and self.spent:
@@ -150,15 +159,14 @@ class Admission:
                 if self.partial.left == 0:
                     part, self.partial = self.partial, None
                     self.queue.pop(0)
+                    self._cached.pop(id(head), None)
                     pre = dec.target.add_prefilled(part.single, part.out, head.max_new_tokens, not part.cached)
                     out.append((head, dec.join([head], [pre], part.seconds, [part.cached])[0]))
                 continue
             group, total = [], 0.0  # whole prompts, packed, while they fit (a pool hit: its rest)
             for s in self.queue:
-                ids = s.prompt_ids.reshape(-1)
-                hit = pool.peek(ids.tolist()) if pool is not None else None
-                cached = 0 if hit is None else hit[1]
-                n = prompt_cost(ids.numel() - cached, cached, k)
+                cached = self._cached.get(id(s), 0)
+                n = prompt_cost(s.prompt_ids.numel() - cached, cached, k)
                 if total + n > budget or (budget < math.inf and n > self.chunk):
                     break
                 group.append(s)
@@ -166,6 +174,8 @@ class Admission:
             if not group:
                 break  # the next prompt waits for the next round's budget
             del self.queue[: len(group)]
+            for s in group:
+                self._cached.pop(id(s), None)
             self.spent += total
             budget -= total
             out += list(zip(group, dec.prefill_now(group)))

@@ -123,7 +123,7 @@ class BatchDecoder:
             return []
         if not self.admission.holds_back(self):
             return self.prefill_now(seqs)
-        self.admission.queue += seqs
+        self.admission.enqueue(seqs, getattr(self.target, "pool", None))
         joined = {id(s): new for s, new in self.admission.admit(self)}
         return [joined.get(id(s)) for s in seqs]
 
