@@ -180,3 +180,25 @@ def test_a_next_turn_from_the_prefix_pool_prefills_only_its_rest_in_chunks(defau
     n, reused = nxt.prompt_ids.numel(), nxt.stats.cached_tokens
     assert reused > 100 and sum(taken) == n - reused and len(taken) >= 2  # the rest only, in chunks
     assert nxt.tokens == plain.generate(conv, max_new_tokens=NEW).tokens
+
+
+def test_a_held_back_newcomer_joining_in_a_later_add_is_handed_out_by_the_next_step(lm, alone):
+    """The rows end while a long prompt waits; the next add_many (nothing decodes: all at once) admits it before the
+    newcomer it was called for: its first token comes out of the next step, none is lost."""
+    dec = _decoder(lm, 32)
+    short = _seq(lm, SHORT[0])
+    short.max_new_tokens = 2
+    dec.add(short)
+    late = _seq(lm, LONG)
+    assert dec.add(late) is None
+    while not short.finished:
+        dec.step()
+    assert not dec.active and dec.held_back == [late]
+    other = _seq(lm, SHORT[1])
+    got = {id(other): dec.add(other)}
+    assert got[id(other)] is not None and late.tokens  # both joined in that add
+    firsts = [new for s, new in dec.step() if s is late]
+    assert firsts[0] == late.tokens[:1]  # its first token, then the round's
+    while dec.rows:
+        dec.step()
+    assert late.tokens == alone[LONG] and other.tokens == alone[SHORT[1]]

@@ -73,6 +73,7 @@ class BatchDecoder:
         tokens a round prefills at most while rows decode (admission.py; 0: newcomers are prefilled at once)."""
         self.target, self.cost = target, cost
         self.admission = Admission(prefill_chunk)
+        self._undelivered: list[tuple[Sequence, list[int]]] = []  # first tokens of earlier newcomers add_many admitted
         self.policy = policy if policy is not None else DraftWhilePays()
         self.active: list[Sequence] = []
         self._joined = False  # a row joined since the last round (that round also pays for the cache growing)
@@ -86,8 +87,9 @@ class BatchDecoder:
 
     @property
     def rows(self) -> int:
-        """Rows decoding and newcomers held back for their prefill (each has its place in the batch)."""
-        return len(self.active) + len(self.admission.queue)
+        """Rows decoding and newcomers held back for their prefill (each has its place in the batch), and newcomers
+        whose first token the next :meth:`step` hands out although they already ended."""
+        return len(self.active) + len(self.admission.queue) + sum(s.finished for s, _ in self._undelivered)
 
     @property
     def held_back(self) -> list[Sequence]:
@@ -124,7 +126,13 @@ class BatchDecoder:
         if not self.admission.holds_back(self):
             return self.prefill_now(seqs)
         self.admission.enqueue(seqs, getattr(self.target, "pool", None))
-        joined = {id(s): new for s, new in self.admission.admit(self)}
+        mine = {id(s) for s in seqs}
+        joined = {}
+        for s, new in self.admission.admit(self):  # earlier newcomers may join too: the next step hands theirs out
+            if id(s) in mine:
+                joined[id(s)] = new
+            else:
+                self._undelivered.append((s, new))
         return [joined.get(id(s)) for s in seqs]
 
     def prefill_now(self, seqs: list[Sequence]) -> list[list[int]]:
@@ -250,7 +258,8 @@ class BatchDecoder:
     def step(self) -> list[tuple[Sequence, list[int]]]:
         """One draft -> verify -> accept -> commit round over every row; returns each row's new tokens (and the
         first token of each newcomer whose prefill ended before the round: it decodes in the round too)."""
-        joined = self.admission.admit(self) if self.admission.queue else []
+        joined, self._undelivered = self._undelivered, []
+        joined += self.admission.admit(self) if self.admission.queue else []
         try:
             return joined + self._round()
         finally:
