@@ -202,3 +202,23 @@ def test_a_held_back_newcomer_joining_in_a_later_add_is_handed_out_by_the_next_s
     while dec.rows:
         dec.step()
     assert late.tokens == alone[LONG] and other.tokens == alone[SHORT[1]]
+
+
+def test_short_newcomers_pass_a_long_prompt_that_is_prefilled_in_chunks(lm, alone):
+    """Short prompts that arrive behind a long one being prefilled a chunk a round join in the next round (half its
+    budget), not after the long one's last chunk; the long one still gets a chunk every round; all exact."""
+    dec = _decoder(lm, 160)
+    dec.add(_seq(lm, SHORT[0]))
+    late = _seq(lm, LONG)
+    assert dec.add(late) is None
+    shorts = [_seq(lm, p) for p in SHORT[1:3]]
+    assert sum(s.prompt_ids.numel() for s in shorts) <= 80
+    assert dec.add_many(shorts) == [None, None]  # this round's budget went to the long one's first chunk
+    dec.step()
+    assert not any(s.tokens for s in shorts)
+    dec.step()  # the next round's budget: the short ones first (half of it), then the long one's next chunk
+    assert all(s.tokens for s in shorts) and not late.tokens  # they passed it
+    while dec.rows:
+        dec.step()
+    for s in shorts + [late]:
+        assert s.tokens == alone[s.tag]

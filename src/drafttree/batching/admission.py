@@ -1,15 +1,17 @@
 """Newcomers' prefill beside a decoding batch, a bounded number of prompt tokens per round (chunked prefill).
 
 Why: a prefill is one forward over a whole prompt, and every row already decoding waits for it. On a 2-core CPU a
-3,000-token prompt takes ~2.3 s, and every other stream stood still for that long (a burst of newcomers: for the sum
-of theirs). vLLM and SGLang bound the prompt tokens of a step (chunked prefill) so that running streams keep their
-pace; so does this. While rows decode, a round prefills at most ``chunk`` prompt tokens: the queue's next whole prompts
-that fit (packed together, as :meth:`BatchTarget.add_many` prefills them), or the next ``chunk`` tokens of a longer one
-on a cache of its own (a single-sequence target: each chunk attends over the chunks before it, as a prompt's rest over
-a cached prefix does), which joins the batch as a row once whole. With no row decoding nobody waits, and everything
-queued is prefilled at once. A prompt's tokens are what they would be alone up to the last bits of its states (a
-chunk's products and attention ran over fewer rows: float32 ~1e-6), as with prefix caching; the batch-invariant
-setting never chunks (its point is that a request's bits do not depend on what else is served).
+3,000-token prompt takes ~3 s, and every other stream stood still for that long (a burst of newcomers: for the sum of
+theirs). vLLM and SGLang bound the prompt tokens of a step (chunked prefill) so that running streams keep their pace;
+so does this. While rows decode, a round prefills at most ``chunk`` prompt tokens (each counted with the keys it
+reads): the queue's next whole prompts that fit (packed together, as :meth:`BatchTarget.add_many` prefills them), or
+the next chunk of a longer one on a cache of its own (a single-sequence target: each chunk attends over the chunks
+before it, as a prompt's rest over a cached prefix does), which joins the batch as a row once whole; the whole prompts
+waiting right behind such a one may take half a round's budget first (a short request does not wait for a long one's
+chunks). With no row decoding nobody waits, and everything queued is prefilled at once. A prompt's tokens are what
+they would be alone up to the last bits of its states (a chunk's products and attention ran over fewer rows: float32
+~1e-6), as with prefix caching; the batch-invariant setting never chunks (its point is that a request's bits do not
+depend on what else is served).
 """
 
 from __future__ import annotations
@@ -96,6 +98,8 @@ class PromptInChunks:
 class Admission:
     """The newcomers a decoding batch holds back, and what this round has prefilled of them (see the module)."""
 
+    PASS_SHARE = 0.5  # of a round's budget, what whole prompts behind a chunked one may take first (0: arrival order)
+
     def __init__(self, chunk: int = PREFILL_CHUNK):
         self.chunk = check_chunk(chunk)
         self.queue: list[Sequence] = []  # held back, in arrival order
@@ -139,11 +143,20 @@ class Admission:
         if self._keys is None:
             self._keys = keys_per_token(dec.target.model)
         k = self._keys
+        passed = False
         while self.queue and budget > 0:
             head = self.queue[0]
             n, cached = head.prompt_ids.numel(), self._cached.get(id(head), 0)
             dear = budget < math.inf and prompt_cost(n - cached, cached, k) > self.chunk
             if self.partial is not None or dear:
+                if budget < math.inf and not passed and self.PASS_SHARE > 0:
+                    # the whole prompts right behind it that fit half this round's budget pass it: a short request
+                    # does not wait for a long one's chunks, and the long one keeps at least the other half
+                    passed = True
+                    group, total = self._fitting(self.queue[1:], budget * self.PASS_SHARE, k)
+                    if group:
+                        out += self._prefill(dec, group, total)
+                        budget -= total
                 if self.partial is None:  # dearer than any round's budget: a chunk a round
                     self.partial = PromptInChunks(head, dec.target.model, dec.target.feature_layers,
                                                   getattr(dec.target, "pool", None))
@@ -163,20 +176,30 @@ class Admission:
                     pre = dec.target.add_prefilled(part.single, part.out, head.max_new_tokens, not part.cached)
                     out.append((head, dec.join([head], [pre], part.seconds, [part.cached])[0]))
                 continue
-            group, total = [], 0.0  # whole prompts, packed, while they fit (a pool hit: its rest)
-            for s in self.queue:
-                cached = self._cached.get(id(s), 0)
-                n = prompt_cost(s.prompt_ids.numel() - cached, cached, k)
-                if total + n > budget or (budget < math.inf and n > self.chunk):
-                    break
-                group.append(s)
-                total += n
+            group, total = self._fitting(self.queue, budget, k)
             if not group:
                 break  # the next prompt waits for the next round's budget
-            del self.queue[: len(group)]
-            for s in group:
-                self._cached.pop(id(s), None)
-            self.spent += total
             budget -= total
-            out += list(zip(group, dec.prefill_now(group)))
+            out += self._prefill(dec, group, total)
         return out
+
+    def _fitting(self, seqs: list[Sequence], budget: float, k: float) -> tuple[list[Sequence], float]:
+        """The first of ``seqs`` whose whole prompts fit ``budget`` together (a pool hit: its rest), and their cost."""
+        group, total = [], 0.0
+        for s in seqs:
+            cached = self._cached.get(id(s), 0)
+            n = prompt_cost(s.prompt_ids.numel() - cached, cached, k)
+            if total + n > budget or (budget < math.inf and n > self.chunk):
+                break
+            group.append(s)
+            total += n
+        return group, total
+
+    def _prefill(self, dec: BatchDecoder, group: list[Sequence], cost: float) -> list[tuple[Sequence, list[int]]]:
+        """Prefill these whole prompts together (packed) and join them as rows."""
+        mine = {id(s) for s in group}
+        self.queue = [s for s in self.queue if id(s) not in mine]
+        for s in group:
+            self._cached.pop(id(s), None)
+        self.spent += cost
+        return list(zip(group, dec.prefill_now(group)))
