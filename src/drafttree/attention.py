@@ -20,6 +20,7 @@ its own prefix of the cache (views, no copies) with its queries spread on a smal
 from __future__ import annotations
 
 import contextlib
+import sys
 import threading
 from dataclasses import dataclass
 
@@ -27,12 +28,14 @@ import torch
 import torch.nn.functional as F
 from transformers import AttentionInterface
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
-from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+from transformers.masking_utils import AttentionMaskInterface, eager_mask, sdpa_mask
 
 from drafttree import kernels
+from drafttree.errors import DraftTreeError
 from drafttree.kernels.gemm import NO_INDEX
 
 NAME = "drafttree_grouped_sdpa"
+NAME_EAGER = "drafttree_rows_eager"
 MAX_FOLDED_QUERY = 128  # longer queries (prefills) use the stock path: a folded mask would cost more than K/V
 _local = threading.local()
 
@@ -87,16 +90,19 @@ def kernel_for(device: torch.device, dtype: torch.dtype):
 
 
 @contextlib.contextmanager
-def row_runs(runs: list[RowRun] | None, packed: PackedRows | None = None, prompts: PromptRows | None = None):
+def row_runs(runs: list[RowRun] | None, packed: PackedRows | None = None, prompts: PromptRows | None = None,
+             sizes: list[int] | None = None):
     """Inside the block, a forward of one packed sequence over a cache of rows attends each row over its own slots
     only (its mask allows nothing beyond): in one kernel call (``packed``, where the kernel runs), else run by run
-    (``runs``), queries padded to the run's width; ``prompts``: a prefill of several prompts, each causal."""
-    old = getattr(_local, "runs", None), getattr(_local, "packed", None), getattr(_local, "prompts", None)
-    _local.runs, _local.packed, _local.prompts = runs, packed, prompts
+    (``runs``), queries padded to the run's width; ``prompts``: a prefill of several prompts, each causal.
+    ``sizes``: each row's tokens in the packed sequence, in row order (a model on eager attention: row by row)."""
+    old = (getattr(_local, "runs", None), getattr(_local, "packed", None), getattr(_local, "prompts", None),
+           getattr(_local, "sizes", None))
+    _local.runs, _local.packed, _local.prompts, _local.sizes = runs, packed, prompts, sizes
     try:
         yield
     finally:
-        _local.runs, _local.packed, _local.prompts = old
+        _local.runs, _local.packed, _local.prompts, _local.sizes = old
 
 
 def _prompt_rows(module, query, key, value, prompts: PromptRows, dropout, scaling, kwargs):
@@ -279,19 +285,44 @@ def _attend(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, val
     return out.reshape(B, H, T, D).transpose(1, 2).contiguous(), None
 
 
+def rows_eager(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+               attention_mask: torch.Tensor | None, dropout: float = 0.0, scaling: float | None = None, **kwargs):
+    """A model on eager attention (Gemma-2's softcapping, or chosen by its user): the modeling module's own
+    ``eager_attention_forward``, row by row where a batch's forward packs several rows' trees into one sequence (each
+    row's nodes over its own slots with its own rows of the mask); anything else goes to it as it is."""
+    eager = getattr(sys.modules.get(type(module).__module__), "eager_attention_forward", None)
+    if eager is None:
+        raise DraftTreeError(f"{type(module).__name__} has no eager_attention_forward in its modeling module: load the "
+                             "model with attn_implementation='sdpa'")
+    sizes = getattr(_local, "sizes", None)
+    if (sizes is None or attention_mask is None or query.shape[0] != 1 or key.shape[0] != len(sizes)
+            or query.shape[2] != sum(sizes)):
+        return eager(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs)
+    outs, t0 = [], 0
+    for r, m in enumerate(sizes):
+        out = eager(module, query[:, :, t0:t0 + m], key[r:r + 1], value[r:r + 1], attention_mask[r:r + 1, :, :m],
+                    dropout=dropout, scaling=scaling, **kwargs)[0]
+        outs.append(out)
+        t0 += m
+    return torch.cat(outs, dim=1), None
+
+
 AttentionInterface.register(NAME, grouped_sdpa)
 AttentionMaskInterface.register(NAME, sdpa_mask)
+AttentionInterface.register(NAME_EAGER, rows_eager)
+AttentionMaskInterface.register(NAME_EAGER, eager_mask)
 
 
 @contextlib.contextmanager
 def grouped_attention(model: torch.nn.Module):
-    """Run ``model`` with :func:`grouped_sdpa` inside the block (only if it was using SDPA)."""
+    """Run ``model`` with :func:`grouped_sdpa` inside the block if it was using SDPA, with :func:`rows_eager` if it
+    was using eager attention (anything else as it is)."""
     config = model.config
     old = getattr(config, "_attn_implementation", None)
-    if old != "sdpa":
+    if old not in ("sdpa", "eager"):
         yield
         return
-    config._attn_implementation = NAME
+    config._attn_implementation = NAME if old == "sdpa" else NAME_EAGER
     try:
         yield
     finally:

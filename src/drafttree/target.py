@@ -51,6 +51,29 @@ def tree_attention_mask(
     return mask[None, None]
 
 
+def check_architecture(model: torch.nn.Module) -> None:
+    """A one-line error for a model whose forward cannot take a tree: ALiBi models (BLOOM, MPT, Falcon with
+    ``alibi``) build their position biases from a 2-D padding mask and take neither a 4-D mask nor position ids."""
+    cfg = model.config
+    kind = getattr(cfg, "model_type", type(model).__name__)
+    if getattr(cfg, "alibi", False) or kind in ("bloom", "mpt"):
+        raise DraftTreeError(f"{kind} models add ALiBi position biases built from a 2-D padding mask; a draft tree "
+                             "needs a 4-D attention mask and explicit positions, so this architecture is not supported")
+
+
+def decoder_layers(base: torch.nn.Module) -> torch.nn.ModuleList:
+    """A base model's decoder layers wherever its modeling code keeps them (``layers``; GPT-2's and Falcon's ``h``,
+    OPT's ``decoder.layers``): the module list as long as the config's layer count."""
+    layers = getattr(base, "layers", None)
+    if isinstance(layers, torch.nn.ModuleList):
+        return layers
+    n = getattr(base.config, "num_hidden_layers", None)
+    for module in base.modules():
+        if isinstance(module, torch.nn.ModuleList) and len(module) == n:
+            return module
+    raise DraftTreeError(f"cannot find the {n} decoder layers of {type(base).__name__} (features need them)")
+
+
 def run_with_features(model: torch.nn.Module, feature_layers: list[int] | None, **kw):
     """``model.base_model(**kw)`` with grouped tree attention; with ``feature_layers``, also the inputs of those
     decoder layers side by side ([B, n, k * hidden], caught by forward pre-hooks: no forked modeling code)."""
@@ -68,7 +91,8 @@ def run_with_features(model: torch.nn.Module, feature_layers: list[int] | None, 
                 caught[i] = args[0] if args else kwargs["hidden_states"]
             return hook
 
-        handles = [base.layers[i].register_forward_pre_hook(catch(i), with_kwargs=True) for i in feature_layers]
+        layers = decoder_layers(base)
+        handles = [layers[i].register_forward_pre_hook(catch(i), with_kwargs=True) for i in feature_layers]
         try:
             out = base(**kw)
         finally:
@@ -143,6 +167,7 @@ class TargetModel:
     bits. ``reused`` is how many prompt tokens the last prefill kept."""
 
     def __init__(self, model: torch.nn.Module, feature_layers: list[int] | None = None, keep_prefix: bool = False):
+        check_architecture(model)
         self.model = model
         self.feature_layers = list(feature_layers) if feature_layers else None
         self.base = model.base_model

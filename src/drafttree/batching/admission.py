@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from drafttree.errors import DraftTreeError
-from drafttree.target import ForwardOutput, TargetModel
+from drafttree.target import ForwardOutput, TargetModel, decoder_layers
 
 if TYPE_CHECKING:
     from drafttree.batching.decode import BatchDecoder, Sequence
@@ -36,8 +36,11 @@ def keys_per_token(model: torch.nn.Module) -> float:
     """How many keys a token's attention reads for what its products cost (per layer: 2 x the layer's matrix weights
     against 4 x the query heads' width per key): a prompt's later tokens cost more, and a budget of tokens counts
     each token as 1 + its keys / this (SmolLM2-135M: 3,072; 512 tokens after 2,700 others cost ~1.9x the first 512)."""
-    layers = getattr(model.base_model, "layers", None)
-    if not layers:
+    try:
+        layers = decoder_layers(model.base_model)
+    except DraftTreeError:
+        return math.inf
+    if not len(layers):
         return math.inf
     cfg = model.config
     heads = int(cfg.num_attention_heads)

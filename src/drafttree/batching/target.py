@@ -250,7 +250,7 @@ class BatchTarget:
         if self.cache is None:
             self.cache = GrowingCache()
         cache, length = self.cache, self._slots()
-        cache.join_rows(len(self.model.base_model.layers), first + len(ids), *need)
+        cache.join_rows(self.model.config.num_hidden_layers, first + len(ids), *need)
         cache.set_scatter(row[None], positions, max(lens), copies)
         try:
             short = _kernel_rows_of(lens, rest) if self.batch_invariant else None
@@ -391,7 +391,7 @@ class BatchTarget:
         # row's tree does alone (the many-row path rounds otherwise)
         every = _kernel_rows_of(sizes) if self.batch_invariant else None
         try:
-            with row_runs(runs, packed), kernel_rows(every, len(row)):
+            with row_runs(runs, packed, sizes=sizes), kernel_rows(every, len(row)):
                 out, aux = run_with_features(self.model, self.feature_layers, input_ids=tokens, attention_mask=mask,
                                              position_ids=positions[row, node][None], use_cache=True,
                                              **{cache_arg(self.model.base_model): self.cache})

@@ -32,8 +32,11 @@ def default_aux_layers(num_layers: int) -> list[int]:
 
 def layer_config_from(config: dict | object) -> LlamaConfig:
     """A one-layer Llama config with the sizes of ``config`` (a head's config dict or a target's config)."""
-    d = config if isinstance(config, dict) else config.to_dict()
+    # a target's config by attribute: its attribute map names GPT-2's n_embd / n_head the Llama way
+    d = config if isinstance(config, dict) else {k: getattr(config, k, None) for k in LAYER_KEYS}
     kw = {k: d[k] for k in LAYER_KEYS if d.get(k) is not None}
+    if "intermediate_size" not in kw and kw.get("hidden_size"):  # GPT-2 style (n_inner unset): 4 x the width
+        kw["intermediate_size"] = 4 * kw["hidden_size"]
     if "head_dim" not in kw and kw.get("hidden_size") and kw.get("num_attention_heads"):
         kw["head_dim"] = kw["hidden_size"] // kw["num_attention_heads"]
     cfg = LlamaConfig(**kw, num_hidden_layers=1)

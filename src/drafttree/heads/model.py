@@ -27,6 +27,7 @@ from torch import nn
 
 from drafttree import kernels
 from drafttree.cache import cache_arg
+from drafttree.errors import DraftTreeError
 from drafttree.kernels.memory import huge_page_copy
 
 FORMAT = "drafttree-eagle1"
@@ -49,6 +50,10 @@ class EagleHead(nn.Module):
                  target_name: str = "", fc_bias: bool = True, intermediate_size: int | None = None):
         super().__init__()
         base = target_model.base_model
+        if not isinstance(getattr(base, "layers", None), nn.ModuleList) or not hasattr(base, "rotary_emb"):
+            raise DraftTreeError(f"an EAGLE-1 head is built from its target's own decoder layer and rotary embedding "
+                                 f"(Llama-style models); {type(base).__name__} has no `layers` with a `rotary_emb`: "
+                                 "use an EAGLE-3 head (train --head-kind eagle3)")
         self.target_config = target_model.config
         self.config = _layer_config(target_model.config, num_layers, intermediate_size)
         self.target_name = target_name

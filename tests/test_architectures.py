@@ -1,0 +1,118 @@
+"""Any Hugging Face causal LM: every method on tiny random models of architectures whose modeling code differs where
+drafttree meets it (where the decoder layers live, the rotary function's signature, eager attention with softcapping,
+sliding windows, fused projections, q/k norms, mixtures of experts, learned positions), against Hugging Face's own
+greedy ``generate`` on the same model object, in float32: alone, batched, with a random EAGLE-3 head, and at T=1 with
+a seed. Architectures that cannot take a tree get a one-line error (stop 74 found GPT-J, GPT-2 / OPT / Falcon batches
+and eager batches failing; ``logs/s74_arch_matrix.py`` runs 25 architectures)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers import AutoConfig, AutoModelForCausalLM
+
+from drafttree.api import SpeculativeModel
+from drafttree.errors import DraftTreeError
+from drafttree.heads import Eagle3Head
+from drafttree.heads.model import EagleHead
+from drafttree.models import LoadedModel
+
+V, H, L, N = 96, 64, 3, 20
+LLAMA_LIKE = dict(vocab_size=V, hidden_size=H, intermediate_size=2 * H, num_hidden_layers=L, num_attention_heads=4,
+                  num_key_value_heads=2, max_position_embeddings=512)
+ARCHS = {  # model_type: (config values, attention implementation)
+    "llama": (LLAMA_LIKE, "sdpa"),
+    "llama-eager": (LLAMA_LIKE, "eager"),  # a user's choice: batches attend row by row through the eager function
+    "gemma2": (LLAMA_LIKE | dict(head_dim=16, sliding_window=8), "eager"),  # softcapping: eager only
+    "qwen3": (LLAMA_LIKE | dict(head_dim=16), "sdpa"),
+    "phi3": (LLAMA_LIKE | dict(pad_token_id=0), "sdpa"),
+    "mixtral": (LLAMA_LIKE | dict(num_local_experts=4), "sdpa"),
+    "gpt_neox": (dict(vocab_size=V, hidden_size=H, intermediate_size=2 * H, num_hidden_layers=L, num_attention_heads=4,
+                      max_position_embeddings=512, rotary_pct=0.25), "sdpa"),
+    "gpt2": (dict(vocab_size=V, n_embd=H, n_layer=L, n_head=4, n_positions=512), "sdpa"),
+    "gptj": (dict(vocab_size=V, n_embd=H, n_layer=L, n_head=4, n_positions=512, rotary_dim=8), "sdpa"),
+    "opt": (dict(vocab_size=V, hidden_size=H, ffn_dim=2 * H, num_hidden_layers=L, num_attention_heads=4,
+                 max_position_embeddings=512, word_embed_proj_dim=H), "sdpa"),
+    "falcon": (dict(vocab_size=V, hidden_size=H, num_hidden_layers=L, num_attention_heads=4,
+                    new_decoder_architecture=False, multi_query=True, alibi=False), "sdpa"),
+}
+
+
+class IdsTokenizer:
+    """Token ids as text: generate's text for a model without a tokenizer."""
+
+    all_special_ids: list[int] = []
+    eos_token_id = None
+
+    def decode(self, ids, skip_special_tokens=True):
+        return "".join(f"<{int(i)}>" for i in ids)
+
+
+def _model(arch: str, values: dict, attention: str) -> torch.nn.Module:
+    cfg = AutoConfig.for_model(arch.removesuffix("-eager"), **values)
+    cfg.bos_token_id, cfg.eos_token_id = 0, None
+    cfg._attn_implementation = attention
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(cfg).eval()
+    with torch.no_grad():  # sharpen the random model: its greedy text repeats, so drafts get accepted
+        model.get_output_embeddings().weight.mul_(4.0)
+    model.requires_grad_(False)
+    model.generation_config.eos_token_id = None
+    model.generation_config.pad_token_id = 0
+    return model
+
+
+def _prompts() -> list[torch.Tensor]:
+    g = torch.Generator().manual_seed(1)
+    prompts = [torch.randint(2, V, (n,), generator=g) for n in (7, 19, 12)]
+    prompts[1][10:16] = prompts[1][:6]  # a repeat for the n-grams
+    return prompts
+
+
+def _hf_greedy(model, prompt: torch.Tensor) -> list[int]:
+    with torch.no_grad():
+        out = model.generate(prompt[None], attention_mask=torch.ones(1, prompt.numel(), dtype=torch.long),
+                             do_sample=False, max_new_tokens=N, min_new_tokens=N)
+    return out[0, prompt.numel():].tolist()
+
+
+@pytest.mark.parametrize("arch", list(ARCHS))
+def test_every_method_gives_hugging_faces_greedy_text_on_this_architecture(arch):
+    model = _model(arch, *ARCHS[arch])
+    prompts = _prompts()
+    refs = [_hf_greedy(model, p) for p in prompts]  # before drafttree touches the model
+    lm = LoadedModel(model, IdsTokenizer(), f"tiny-{arch}", "")
+    sm = SpeculativeModel(lm, method="lookup")
+    for method in ("ar", "lookup", "auto"):
+        assert [sm.generate(p, max_new_tokens=N, method=method, ignore_eos=True).tokens for p in prompts] == refs, \
+            method
+        batch = sm.generate(list(prompts), max_new_tokens=N, method=method, ignore_eos=True)
+        assert [r.tokens for r in batch] == refs, f"batched {method}"
+    torch.manual_seed(3)
+    head = Eagle3Head(model, draft_vocab=torch.arange(2, V), target_name=lm.name).eval()
+    with torch.no_grad():  # not a fresh init: its drafts are its own
+        for p in head.parameters():
+            p.add_(0.05 * torch.randn_like(p))
+    hm = SpeculativeModel(lm, method="eagle2", head=head)
+    assert [hm.generate(p, max_new_tokens=N, ignore_eos=True).tokens for p in prompts] == refs, "eagle2"
+    assert [r.tokens for r in hm.generate(list(prompts), max_new_tokens=N, method="auto", ignore_eos=True)] == refs
+    # T=1 with a seed: every method, and a batch's row i with seed + i, samples what plain sampling samples
+    alone = [sm.generate(p, max_new_tokens=N, method="ar", ignore_eos=True, temperature=1.0, seed=5 + i).tokens
+             for i, p in enumerate(prompts)]
+    assert [sm.generate(p, max_new_tokens=N, method="auto", ignore_eos=True, temperature=1.0, seed=5 + i).tokens
+            for i, p in enumerate(prompts)] == alone
+    batch = hm.generate(list(prompts), max_new_tokens=N, method="auto", ignore_eos=True, temperature=1.0, seed=5)
+    assert [r.tokens for r in batch] == alone
+
+
+def test_alibi_models_get_a_one_line_error():
+    model = _model("bloom", dict(vocab_size=V, hidden_size=H, n_layer=2, n_head=4), "eager")
+    with pytest.raises(DraftTreeError, match="bloom models add ALiBi position biases") as e:
+        SpeculativeModel(LoadedModel(model, IdsTokenizer(), "tiny-bloom", ""), method="ar")
+    assert "\n" not in str(e.value)
+
+
+def test_an_eagle1_head_needs_a_llama_style_target():
+    model = _model("gpt2", ARCHS["gpt2"][0], "sdpa")
+    with pytest.raises(DraftTreeError, match="use an EAGLE-3 head"):
+        EagleHead(model)
