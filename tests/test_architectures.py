@@ -16,6 +16,7 @@ from drafttree.errors import DraftTreeError
 from drafttree.heads import Eagle3Head
 from drafttree.heads.model import EagleHead
 from drafttree.models import LoadedModel
+from drafttree.target import TargetModel
 
 V, H, L, N = 96, 64, 3, 20
 LLAMA_LIKE = dict(vocab_size=V, hidden_size=H, intermediate_size=2 * H, num_hidden_layers=L, num_attention_heads=4,
@@ -33,6 +34,8 @@ ARCHS = {  # model_type: (config values, attention implementation)
     "gptj": (dict(vocab_size=V, n_embd=H, n_layer=L, n_head=4, n_positions=512, rotary_dim=8), "sdpa"),
     "opt": (dict(vocab_size=V, hidden_size=H, ffn_dim=2 * H, num_hidden_layers=L, num_attention_heads=4,
                  max_position_embeddings=512, word_embed_proj_dim=H), "sdpa"),
+    "granite": (LLAMA_LIKE | dict(logits_scaling=4.0, embedding_multiplier=2.0, residual_multiplier=0.5), "sdpa"),
+    "cohere": (LLAMA_LIKE | dict(logit_scale=0.25), "sdpa"),  # logits scaled: sampling must draw from the model's
     "falcon": (dict(vocab_size=V, hidden_size=H, num_hidden_layers=L, num_attention_heads=4,
                     new_decoder_architecture=False, multi_query=True, alibi=False), "sdpa"),
 }
@@ -81,6 +84,10 @@ def test_every_method_gives_hugging_faces_greedy_text_on_this_architecture(arch)
     model = _model(arch, *ARCHS[arch])
     prompts = _prompts()
     refs = [_hf_greedy(model, p) for p in prompts]  # before drafttree touches the model
+    with torch.no_grad():
+        ref_logits = model(prompts[1][None]).logits[0, -1]
+    logits = TargetModel(model).prefill(prompts[1]).logits[-1].float()  # what sampling draws from: the model's own
+    assert (logits - ref_logits).abs().max() <= 1e-4 * (1 + ref_logits.abs().max())
     lm = LoadedModel(model, IdsTokenizer(), f"tiny-{arch}", "")
     sm = SpeculativeModel(lm, method="lookup")
     for method in ("ar", "lookup", "auto"):
@@ -116,3 +123,48 @@ def test_an_eagle1_head_needs_a_llama_style_target():
     model = _model("gpt2", ARCHS["gpt2"][0], "sdpa")
     with pytest.raises(DraftTreeError, match="use an EAGLE-3 head"):
         EagleHead(model)
+
+
+@pytest.mark.parametrize("arch,values,message", [
+    ("mamba", dict(hidden_size=H, num_hidden_layers=2, state_size=4), "linear_attention layers carry a recurrent"),
+    ("jamba", LLAMA_LIKE | dict(num_experts=2), "recurrent state"),
+    ("lfm2", LLAMA_LIKE | dict(full_attn_idxs=[1]), "conv layers carry a recurrent state"),
+    ("llama4_text", LLAMA_LIKE | dict(head_dim=16, num_local_experts=2), "chunked_attention layers are not supported"),
+])
+def test_models_a_tree_cannot_be_verified_on_get_a_one_line_error(arch, values, message):
+    """Recurrent layers would advance their state over every branch of a tree; chunked attention needs masks drafttree
+    does not build: refused before any decoding, rather than decoded into other text."""
+    from drafttree.target import check_architecture
+
+    cfg = AutoConfig.for_model(arch, **values)
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(cfg)
+    with pytest.raises(DraftTreeError, match=message) as e:
+        check_architecture(model)
+    assert "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize("arch,values,message", [
+    ("modernbert-decoder", LLAMA_LIKE | dict(head_dim=16, pad_token_id=1), "its logits are not its output embeddings"),
+    ("openai-gpt", dict(vocab_size=V, n_embd=H, n_layer=2, n_head=4), "keeps no KV cache"),
+])
+def test_models_whose_logits_or_cache_are_not_a_trees_get_a_one_line_error(arch, values, message):
+    """ModernBERT's decoder makes its logits through a prediction head of its own (its greedy text differed from
+    Hugging Face's before this check); GPT-1 keeps no cache."""
+    model = _model(arch, values, "eager")
+    with pytest.raises(DraftTreeError, match=message) as e:
+        TargetModel(model)
+    assert "\n" not in str(e.value)
+
+
+def test_a_model_whose_attention_is_its_own_decodes_alone_and_refuses_batches_in_one_line():
+    """XGLM attends in code of its own (no attention interface): one prompt at a time is exact, a batch is refused."""
+    model = _model("xglm", dict(vocab_size=V, d_model=H, ffn_dim=2 * H, num_layers=2, attention_heads=4,
+                                max_position_embeddings=512), "eager")
+    prompts = _prompts()
+    refs = [_hf_greedy(model, p) for p in prompts]
+    sm = SpeculativeModel(LoadedModel(model, IdsTokenizer(), "tiny-xglm", ""), method="lookup")
+    assert [sm.generate(p, max_new_tokens=N, ignore_eos=True).tokens for p in prompts] == refs
+    with pytest.raises(DraftTreeError, match="decode one prompt at a time") as e:
+        sm.generate(list(prompts), max_new_tokens=N, ignore_eos=True)
+    assert "\n" not in str(e.value)

@@ -8,6 +8,7 @@ accepted root-to-leaf path keeps the past plus those slots and drops the rest of
 
 from __future__ import annotations
 
+import inspect
 from dataclasses import dataclass
 
 import torch
@@ -51,14 +52,77 @@ def tree_attention_mask(
     return mask[None, None]
 
 
+# layers whose state is not one key and value per token: a tree's branches cannot each see only their own path
+RECURRENT_LAYERS = frozenset({"linear_attention", "conv", "hybrid", "hybrid_sliding", "mamba", "recurrent"})
+RECURRENT_MODELS = frozenset({"mamba", "mamba2", "falcon_mamba", "rwkv", "xlstm", "recurrent_gemma", "reformer",
+                              "xlnet"})
+TREE_LAYERS = frozenset({"full_attention", "sliding_attention"})  # the kinds of attention the tree masks are built for
+
+
 def check_architecture(model: torch.nn.Module) -> None:
-    """A one-line error for a model whose forward cannot take a tree: ALiBi models (BLOOM, MPT, Falcon with
-    ``alibi``) build their position biases from a 2-D padding mask and take neither a 4-D mask nor position ids."""
+    """A one-line error for a model whose forward cannot verify a tree exactly: ALiBi models (BLOOM, MPT, Falcon with
+    ``alibi``) build their position biases from a 2-D padding mask and take neither a 4-D mask nor position ids;
+    recurrent layers (Mamba, linear attention, short convolutions: Jamba, Qwen3-Next, LFM2, ...) carry a state that
+    every token of a tree would advance, whatever its branch; and the tree masks are built for full and sliding-window
+    attention only (Llama 4's chunked or DeepSeek-V3.2's indexed attention would attend where they must not)."""
     cfg = model.config
     kind = getattr(cfg, "model_type", type(model).__name__)
     if getattr(cfg, "alibi", False) or kind in ("bloom", "mpt"):
         raise DraftTreeError(f"{kind} models add ALiBi position biases built from a 2-D padding mask; a draft tree "
                              "needs a 4-D attention mask and explicit positions, so this architecture is not supported")
+    try:
+        params = inspect.signature(type(model.base_model).forward).parameters
+    except (TypeError, ValueError):
+        params = None
+    if params is not None and not {"cache", "past_key_values"} & set(params):
+        raise DraftTreeError(f"{kind}: its forward keeps no KV cache, which a draft tree is verified against; this "
+                             "architecture is not supported")
+    text = cfg.get_text_config() if hasattr(cfg, "get_text_config") else cfg
+    types = set(getattr(text, "layer_types", None) or [])
+    recurrent = sorted(types & RECURRENT_LAYERS)
+    if recurrent or kind in RECURRENT_MODELS:
+        what = f"its {', '.join(recurrent)} layers carry" if recurrent else "it carries"
+        raise DraftTreeError(f"{kind}: {what} a recurrent state that every token of a draft tree would advance, "
+                             "whatever its branch, so this architecture is not supported")
+    other = sorted(types - TREE_LAYERS - RECURRENT_LAYERS - {"dummy", "mlp", "moe"})
+    if other:
+        raise DraftTreeError(f"{kind}: drafttree builds tree masks for full and sliding-window attention; its "
+                             f"{', '.join(other)} layers are not supported")
+
+
+def own_logit_scale(model: torch.nn.Module, lm_head: torch.nn.Module, softcap: float | None) -> float:
+    """What the model multiplies its output embeddings' product with the last hidden state by to make its logits
+    (Cohere's ``logit_scale``, 1 / Granite's ``logits_scaling``, 1.0 for most), checked once per model object on a
+    three-token forward against the model's own logits, so that sampling draws from the model's distribution; a model
+    whose logits are something else (ModernBERT's prediction head) gets a one-line error."""
+    known = getattr(model, "_drafttree_logit_scale", None)
+    if known is not None:
+        return known
+    cfg, kind = model.config, getattr(model.config, "model_type", type(model).__name__)
+    if model.base_model is model:
+        raise DraftTreeError(f"{kind}: its causal LM keeps no base model of its own (base_model_prefix), which the "
+                             "tree forward runs; this architecture is not supported")
+    device = lm_head.weight.device
+    ids = torch.tensor([[1, 2, 3]], device=device) % int(lm_head.weight.shape[0])
+    with torch.inference_mode():
+        ref = model(input_ids=ids, use_cache=False).logits[0].float()
+        raw = lm_head(model.base_model(input_ids=ids, use_cache=False).last_hidden_state[0]).float()
+    tol = (1e-4 if lm_head.weight.dtype == torch.float32 else 2e-2) * (1.0 + ref.abs().max().item())
+    candidates = [1.0]
+    if getattr(cfg, "logit_scale", None):
+        candidates.append(float(cfg.logit_scale))
+    if getattr(cfg, "logits_scaling", None):
+        candidates.append(1.0 / float(cfg.logits_scaling))
+    for scale in candidates:
+        mine = raw * scale
+        if softcap:
+            mine = torch.tanh(mine / softcap) * softcap
+        if (mine - ref).abs().max().item() <= tol:
+            model._drafttree_logit_scale = scale
+            return scale
+    raise DraftTreeError(f"{kind}: its logits are not its output embeddings times the last hidden state (up to a "
+                         "known scale or softcap), which drafttree computes them as; this architecture is not "
+                         "supported")
 
 
 def decoder_layers(base: torch.nn.Module) -> torch.nn.ModuleList:
@@ -174,6 +238,7 @@ class TargetModel:
         self.lm_head = model.get_output_embeddings()
         self.config = model.config
         self.softcap = getattr(self.config, "final_logit_softcapping", None)
+        self.logit_scale = own_logit_scale(model, self.lm_head, self.softcap)  # Cohere's, Granite's; 1.0 for most
         self.layer_types = getattr(self.config, "layer_types", None)
         self.sliding_window = getattr(self.config, "sliding_window", None)
         self.has_sliding = bool(self.layer_types and "sliding_attention" in self.layer_types)
@@ -196,6 +261,8 @@ class TargetModel:
     def logits(self, features: torch.Tensor) -> torch.Tensor:
         with fast_linears(self.model):
             out = self.lm_head(features)
+        if self.logit_scale != 1.0:
+            out = out * self.logit_scale
         if self.softcap:
             out = torch.tanh(out.float() / self.softcap) * self.softcap
         return out

@@ -17,6 +17,7 @@ between rounds.
 from __future__ import annotations
 
 import os
+import sys
 
 import torch
 
@@ -60,6 +61,17 @@ def shared_prefixes(prompts: list[list[int] | None], at_least: int, kinds: list 
     return out
 
 
+def check_batches(model: torch.nn.Module) -> None:
+    """A one-line error for a model whose attention does not go through transformers' attention interface (XGLM,
+    GPT-NeoX-Japanese, ...): its own code cannot attend each row of a packed batch over its own slots (one prompt at
+    a time still can)."""
+    modeling = sys.modules.get(type(model).__module__)
+    if modeling is not None and not hasattr(modeling, "ALL_ATTENTION_FUNCTIONS"):
+        kind = getattr(model.config, "model_type", type(model).__name__)
+        raise DraftTreeError(f"{kind}: its attention does not go through transformers' attention interface, which "
+                             "decoding several prompts in one forward needs; decode one prompt at a time")
+
+
 class BatchTarget:
     """Prefill, batched tree forward, ragged commit and row removal over a shared cache."""
 
@@ -76,6 +88,7 @@ class BatchTarget:
         self.pool = prefix_pool
         # prefills newcomers; holds config, LM head, masks
         self.single = TargetModel(model, feature_layers, keep_prefix=prefix_pool is not None)
+        check_batches(model)
         self.last_reused: list[int] = []  # per prompt of the last add / add_many: tokens taken from the pool
         # prompts prefilled together that begin alike (a chat template's system prompt) compute their common prefix
         # once, copied into each row (SHARE_AT_LEAST tokens or more; 0: never); last_shared: each one's copied tokens

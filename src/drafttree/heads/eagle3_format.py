@@ -30,10 +30,18 @@ def default_aux_layers(num_layers: int) -> list[int]:
     return [2, num_layers // 2, num_layers - 3]
 
 
+def _attribute(config: object, key: str):
+    """``config.key``, or None where the config has none or only per layer (Gemma-4's head_dim: the head's own)."""
+    try:
+        return getattr(config, key, None)
+    except Exception:
+        return None
+
+
 def layer_config_from(config: dict | object) -> LlamaConfig:
     """A one-layer Llama config with the sizes of ``config`` (a head's config dict or a target's config)."""
     # a target's config by attribute: its attribute map names GPT-2's n_embd / n_head the Llama way
-    d = config if isinstance(config, dict) else {k: getattr(config, k, None) for k in LAYER_KEYS}
+    d = config if isinstance(config, dict) else {k: _attribute(config, k) for k in LAYER_KEYS}
     kw = {k: d[k] for k in LAYER_KEYS if d.get(k) is not None}
     if "intermediate_size" not in kw and kw.get("hidden_size"):  # GPT-2 style (n_inner unset): 4 x the width
         kw["intermediate_size"] = 4 * kw["hidden_size"]
