@@ -157,14 +157,19 @@ def test_models_whose_logits_or_cache_are_not_a_trees_get_a_one_line_error(arch,
     assert "\n" not in str(e.value)
 
 
-def test_a_model_whose_attention_is_its_own_decodes_alone_and_refuses_batches_in_one_line():
-    """XGLM attends in code of its own (no attention interface): one prompt at a time is exact, a batch is refused."""
+def test_a_model_whose_attention_is_its_own_decodes_a_batch_one_prompt_at_a_time():
+    """XGLM attends in code of its own (no attention interface), which cannot attend packed rows: a list of prompts
+    is decoded one at a time (exactly), and a second row is refused in one line."""
     model = _model("xglm", dict(vocab_size=V, d_model=H, ffn_dim=2 * H, num_layers=2, attention_heads=4,
                                 max_position_embeddings=512), "eager")
     prompts = _prompts()
     refs = [_hf_greedy(model, p) for p in prompts]
     sm = SpeculativeModel(LoadedModel(model, IdsTokenizer(), "tiny-xglm", ""), method="lookup")
     assert [sm.generate(p, max_new_tokens=N, ignore_eos=True).tokens for p in prompts] == refs
-    with pytest.raises(DraftTreeError, match="decode one prompt at a time") as e:
-        sm.generate(list(prompts), max_new_tokens=N, ignore_eos=True)
-    assert "\n" not in str(e.value)
+    assert [r.tokens for r in sm.generate(list(prompts), max_new_tokens=N, ignore_eos=True)] == refs
+    target = sm.batch_target()
+    assert target.max_rows == 1 and target.rows == 0
+    target.add(prompts[0])
+    with pytest.raises(DraftTreeError, match="decodes 1 prompt\\(s\\) at a time") as e:
+        target.add(prompts[1])
+    assert "\n" not in str(e.value) and target.rows == 1

@@ -380,7 +380,7 @@ class SpeculativeModel:
             texts.append(TextAssembler(self.tokenizer, stops, include_stop, min_tokens_of(sampling), ends))
         dec = BatchDecoder(self.batch_target(), self.verify_cost(), self.batch_policy,
                            prefill_chunk=self.prefill_chunk)
-        waiting, limit = list(seqs), max_batch or len(seqs)
+        waiting, limit = list(seqs), min(max_batch or len(seqs), dec.target.max_rows or len(seqs))
         self._batch_results = [None] * len(seqs)
         steps = [0] * len(seqs)
         sent = [0] * len(seqs)  # each one's tokens handed out so far

@@ -61,15 +61,11 @@ def shared_prefixes(prompts: list[list[int] | None], at_least: int, kinds: list 
     return out
 
 
-def check_batches(model: torch.nn.Module) -> None:
-    """A one-line error for a model whose attention does not go through transformers' attention interface (XGLM,
-    GPT-NeoX-Japanese, ...): its own code cannot attend each row of a packed batch over its own slots (one prompt at
-    a time still can)."""
+def attends_rows(model: torch.nn.Module) -> bool:
+    """Whether the model's attention goes through transformers' attention interface, where each row of a packed batch
+    attends over its own slots. Not so for XGLM, GPT-NeoX-Japanese, ...: their own code takes one row at a time."""
     modeling = sys.modules.get(type(model).__module__)
-    if modeling is not None and not hasattr(modeling, "ALL_ATTENTION_FUNCTIONS"):
-        kind = getattr(model.config, "model_type", type(model).__name__)
-        raise DraftTreeError(f"{kind}: its attention does not go through transformers' attention interface, which "
-                             "decoding several prompts in one forward needs; decode one prompt at a time")
+    return modeling is None or hasattr(modeling, "ALL_ATTENTION_FUNCTIONS")
 
 
 class BatchTarget:
@@ -88,7 +84,8 @@ class BatchTarget:
         self.pool = prefix_pool
         # prefills newcomers; holds config, LM head, masks
         self.single = TargetModel(model, feature_layers, keep_prefix=prefix_pool is not None)
-        check_batches(model)
+        # rows at most: 1 where the model's attention takes no packed rows (callers then decode one prompt at a time)
+        self.max_rows: int | None = None if attends_rows(model) else 1
         self.last_reused: list[int] = []  # per prompt of the last add / add_many: tokens taken from the pool
         # prompts prefilled together that begin alike (a chat template's system prompt) compute their common prefix
         # once, copied into each row (SHARE_AT_LEAST tokens or more; 0: never); last_shared: each one's copied tokens
@@ -158,6 +155,7 @@ class BatchTarget:
     def _append_row(self, single: TargetModel, ids: list[int] | None, features: torch.Tensor, room: int,
                     need: tuple[int, int] | None = None) -> None:
         """``single``'s sequence (its prompt's ids and features; None: not all of them there) as the last row."""
+        self._check_rows(1)
         rows_for, slots_for = need or self._room([single.length], [room])
         if self.cache is None:
             self.cache = GrowingCache()
@@ -243,7 +241,14 @@ class BatchTarget:
         kinds = [p is not None and len(p) <= MAX_ROWS for p in prompts] if self.batch_invariant else None
         return shared_prefixes(prompts, self.share_at_least, kinds, start=len(known))
 
+    def _check_rows(self, joining: int) -> None:
+        if self.max_rows is not None and self.rows + joining > self.max_rows:
+            kind = getattr(self.model.config, "model_type", type(self.model).__name__)
+            raise DraftTreeError(f"{kind} decodes {self.max_rows} prompt(s) at a time (its attention does not go "
+                                 "through transformers' attention interface), and the batch is full")
+
     def _prefill_packed(self, ids: list[torch.Tensor], need: tuple[int, int]) -> list[ForwardOutput]:
+        self._check_rows(len(ids))
         # a prompt that begins as a row in the batch or an earlier newcomer computes only its rest: its row's first
         # slots are a copy of the other row's, made in each layer right after the forward writes them (the rest
         # attends over them)

@@ -78,6 +78,8 @@ class Scheduler:
         self.sm, self.max_batch, self.max_queue = sm, max_batch, max_queue
         self.decoder = BatchDecoder(sm.batch_target(), sm.verify_cost(), sm.batch_policy,
                                     prefill_chunk=sm.prefill_chunk)
+        # a model whose attention takes no packed rows serves one request at a time (BatchTarget.max_rows)
+        self.max_batch = min(max_batch, self.decoder.target.max_rows or max_batch)
         self.pending: collections.deque[Job] = collections.deque()
         self.cond = threading.Condition()
         self.pool: dict[str, list] = collections.defaultdict(list)
