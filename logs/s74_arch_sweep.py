@@ -19,11 +19,18 @@ ENCODERS = {"bart", "bert", "bert-generation", "big_bird", "bigbird_pegasus", "b
             "whisper", "xlm", "xlm-roberta", "xlm-roberta-xl", "xmod", "reformer", "xlnet", "musicgen",
             "musicgen_melody", "moshi", "git", "fuyu", "emu3", "mllama", "got_ocr2", "moss_transcribe_diarize"}
 
+MLA = ("deepseek_v2", "deepseek_v3", "minicpm3", "glm4_moe_lite", "youtu", "sarvam_mla")
+
 if __name__ == "__main__":
     for t in sorted(MODEL_FOR_CAUSAL_LM_MAPPING_NAMES):
         if t in ENCODERS or t in matrix.ARCHS:
             continue
         matrix.ARCHS[t] = matrix.LLAMA_LIKE | dict(head_dim=16)
+    for t in MLA:  # multi-head latent attention: keys wider than values, one KV head per head
+        matrix.ARCHS[t] = matrix.LLAMA_LIKE | dict(
+            num_key_value_heads=4, q_lora_rank=32, kv_lora_rank=32, qk_rope_head_dim=8, qk_nope_head_dim=16,
+            v_head_dim=16, head_dim=8, n_routed_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
+            n_shared_experts=1, first_k_dense_replace=1, n_group=1, topk_group=1)
     todo = [t for t in matrix.ARCHS if t not in ("llama-eager",)]
     if START in todo:  # resume from this model type
         todo = todo[todo.index(START):]

@@ -36,6 +36,11 @@ ARCHS = {  # model_type: (config values, attention implementation)
                  max_position_embeddings=512, word_embed_proj_dim=H), "sdpa"),
     "granite": (LLAMA_LIKE | dict(logits_scaling=4.0, embedding_multiplier=2.0, residual_multiplier=0.5), "sdpa"),
     "cohere": (LLAMA_LIKE | dict(logit_scale=0.25), "sdpa"),  # logits scaled: sampling must draw from the model's
+    # multi-head latent attention: keys (nope + rope) wider than values; the kernels take neither, torch's SDPA does
+    "deepseek_v3": (LLAMA_LIKE | dict(num_key_value_heads=4, q_lora_rank=32, kv_lora_rank=32, qk_rope_head_dim=8,
+                                      qk_nope_head_dim=16, v_head_dim=16, head_dim=8, n_routed_experts=4,
+                                      num_experts_per_tok=2, moe_intermediate_size=32, n_shared_experts=1,
+                                      first_k_dense_replace=1, n_group=1, topk_group=1), "sdpa"),
     "falcon": (dict(vocab_size=V, hidden_size=H, num_hidden_layers=L, num_attention_heads=4,
                     new_decoder_architecture=False, multi_query=True, alibi=False), "sdpa"),
 }

@@ -132,6 +132,7 @@ def _prompt_kernel(module, query, key, value, dropout, kwargs):
     if (query.device.type == "cpu" and query.dtype == torch.bfloat16 and key.dtype == value.dtype == query.dtype
             and query.shape[0] == key.shape[0] == 1 and query.shape[2] <= key.shape[2] and not dropout
             and key.shape[1] > 0 and query.shape[1] % key.shape[1] == 0 and query.shape[-1] % 32 == 0
+            and query.shape[-1] == key.shape[-1] == value.shape[-1]
             and key.stride(-1) == 1 and value.stride(-1) == 1 and getattr(module, "is_causal", True)
             and all(kwargs.get(k) is None for k in ("softcap", "position_bias", "s_aux", "sinks", "sliding_window"))):
         ext = kernel_for(query.device, query.dtype)
@@ -205,7 +206,8 @@ def _kernel_call(module, query, key, value, attention_mask, dropout, kwargs, pac
             or any(kwargs.get(k) is not None for k in ("softcap", "position_bias", "s_aux", "sinks"))
             or key.shape[1] == 0 or query.shape[1] % key.shape[1] or key.stride(-1) != 1 or value.stride(-1) != 1
             or (query.shape[2] > MAX_FOLDED_QUERY and not packed)
-            or key.dtype != query.dtype or value.dtype != query.dtype):
+            or key.dtype != query.dtype or value.dtype != query.dtype
+            or not query.shape[-1] == key.shape[-1] == value.shape[-1]):  # MLA: values narrower than keys
         return None
     return kernel_for(query.device, query.dtype)
 
@@ -257,6 +259,8 @@ def grouped_sdpa(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor
         out = ext.tree_attention(q, key, value, _mask_for_kernel(attention_mask, query.dtype), NO_INDEX, NO_INDEX,
                                  NO_INDEX, T, scale)
         return out.view(B, T, H, D), None
+    if packed is not None and _packed_rows(query, key, attention_mask) is not None:  # a batch the kernel does not take
+        return _by_row(_attend, module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs)
     runs = getattr(_local, "runs", None)
     if runs and query.shape[0] == 1 and key.shape[0] == runs[-1].end and query.shape[2] == runs[-1].t1:
         return _packed(module, query, key, value, attention_mask, runs, dropout=dropout, scaling=scaling, **kwargs)
@@ -294,15 +298,26 @@ def rows_eager(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, 
     if eager is None:
         raise DraftTreeError(f"{type(module).__name__} has no eager_attention_forward in its modeling module: load the "
                              "model with attn_implementation='sdpa'")
+    if _packed_rows(query, key, attention_mask) is None:
+        return eager(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs)
+    return _by_row(eager, module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs)
+
+
+def _packed_rows(query: torch.Tensor, key: torch.Tensor, attention_mask) -> list[int] | None:
+    """Each row's tokens where this call is a batch's forward of packed rows (``row_runs``' ``sizes``), else None."""
     sizes = getattr(_local, "sizes", None)
     if (sizes is None or attention_mask is None or query.shape[0] != 1 or key.shape[0] != len(sizes)
             or query.shape[2] != sum(sizes)):
-        return eager(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs)
+        return None
+    return sizes
+
+
+def _by_row(attend, module, query, key, value, attention_mask, **kwargs):
+    """``attend`` on each packed row's queries over its own slots with its own rows of the mask, concatenated."""
     outs, t0 = [], 0
-    for r, m in enumerate(sizes):
-        out = eager(module, query[:, :, t0:t0 + m], key[r:r + 1], value[r:r + 1], attention_mask[r:r + 1, :, :m],
-                    dropout=dropout, scaling=scaling, **kwargs)[0]
-        outs.append(out)
+    for r, m in enumerate(_local.sizes):
+        outs.append(attend(module, query[:, :, t0:t0 + m], key[r:r + 1], value[r:r + 1],
+                           attention_mask[r:r + 1, :, :m], **kwargs)[0])
         t0 += m
     return torch.cat(outs, dim=1), None
 
