@@ -259,7 +259,9 @@ def grouped_sdpa(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor
         out = ext.tree_attention(q, key, value, _mask_for_kernel(attention_mask, query.dtype), NO_INDEX, NO_INDEX,
                                  NO_INDEX, T, scale)
         return out.view(B, T, H, D), None
-    if packed is not None and _packed_rows(query, key, attention_mask) is not None:  # a batch the kernel does not take
+    # a batch the kernel does not take, or whose values are narrower than its keys (MLA: the runs' grids are query-wide)
+    if ((packed is not None or value.shape[-1] != query.shape[-1])
+            and _packed_rows(query, key, attention_mask) is not None):
         return _by_row(_attend, module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs)
     runs = getattr(_local, "runs", None)
     if runs and query.shape[0] == 1 and key.shape[0] == runs[-1].end and query.shape[2] == runs[-1].t1:
