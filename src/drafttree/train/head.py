@@ -414,4 +414,16 @@ def train_head(target, cfg: TrainConfig, resume: bool = False, show_progress: bo
         _save_checkpoint(ckpt, raw, opt, progress)
         raw.save(out / "head", dtype=torch.bfloat16, extra={"training": summary})
         (out / "summary.json").write_text(json.dumps(summary, indent=1))
+    if n_proc > 1:  # every rank waits for the writes, then the process group ends before interpreter exit:
+        # a rank leaving with gloo's threads alive aborted at exit ("terminate called without an active exception")
+        acc.wait_for_everyone()
+        _end_process_group()
     return summary
+
+
+def _end_process_group() -> None:
+    """Destroy the default process group (accelerate leaves it to interpreter exit, which races gloo's threads)."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
