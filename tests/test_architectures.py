@@ -117,10 +117,11 @@ def test_every_method_gives_hugging_faces_greedy_text_on_this_architecture(arch)
     assert [r.tokens for r in batch] == alone
 
 
-def test_alibi_models_get_a_one_line_error():
+def test_alibi_models_verify_no_tree_in_one_line():
+    """ALiBi biases come from a 2-D padding mask: no tree (a chain, tests/test_chain_target.py)."""
     model = _model("bloom", dict(vocab_size=V, hidden_size=H, n_layer=2, n_head=4), "eager")
     with pytest.raises(DraftTreeError, match="bloom models add ALiBi position biases") as e:
-        SpeculativeModel(LoadedModel(model, IdsTokenizer(), "tiny-bloom", ""), method="ar")
+        TargetModel(model)
     assert "\n" not in str(e.value)
 
 
@@ -138,7 +139,8 @@ def test_an_eagle1_head_needs_a_llama_style_target():
 ])
 def test_models_a_tree_cannot_be_verified_on_get_a_one_line_error(arch, values, message):
     """Recurrent layers would advance their state over every branch of a tree; chunked attention needs masks drafttree
-    does not build: refused before any decoding, rather than decoded into other text."""
+    does not build: a tree is refused before any decoding, rather than decoded into other text (such models verify
+    chains: tests/test_chain_target.py)."""
     from drafttree.target import check_architecture
 
     cfg = AutoConfig.for_model(arch, **values)

@@ -15,6 +15,7 @@ import torch
 from drafttree.accept import Sampling
 from drafttree.batching.admission import PREFILL_CHUNK, check_chunk
 from drafttree.batching.policy import DraftWhilePays
+from drafttree.chain_target import target_for
 from drafttree.decode import DecodeStats, decode
 from drafttree.detok import TextAssembler, min_tokens_of
 from drafttree.drafters import Drafter, check_method, make_drafter
@@ -25,7 +26,6 @@ from drafttree.logprobs import check_top
 from drafttree.models import DEFAULT_MODEL, LoadedModel, check_same_vocabulary, load_model
 from drafttree.penalties import LogitAdjust
 from drafttree.results import GenerationResult, GenerationStream, StreamChunk
-from drafttree.target import TargetModel
 
 _frozen = False
 
@@ -59,8 +59,8 @@ class SpeculativeModel:
         self.method = self._resolve_method(method)
         self.method_options = method_options
         self.prefix_cache = prefix_cache
-        self._runner = TargetModel(target.model, feature_layers=getattr(head, "aux_layers", None),
-                                   keep_prefix=prefix_cache)
+        self._runner = target_for(target.model, feature_layers=getattr(head, "aux_layers", None),
+                                 keep_prefix=prefix_cache)
         self._drafters: dict[tuple, Drafter] = {}
         self._batch_target = None
         self.batch_policy = DraftWhilePays()  # rounds draft while drafts pay (batching/policy.py says why)
@@ -370,6 +370,12 @@ class SpeculativeModel:
         method = self._resolve_method(method or self.method)
         options = method_options if method_options is not None else (
             self.method_options if method == self.method else {})
+        if self._runner.chains_only:  # recurrent layers verify one chain at a time: the prompts decode one by one
+            yield from self._one_by_one(ids, seed, options, max_new_tokens, temperature, top_p, top_k, stop, chat,
+                                        method, logprobs, stop_token_ids, ignore_eos, include_stop, min_p,
+                                        presence_penalty, frequency_penalty, repetition_penalty, logit_bias,
+                                        min_tokens, json_schema, regex, choice, grammar)
+            return
         seqs, texts = [], []
         for i, x in enumerate(ids):
             gen = torch.Generator(device=self.target.device)
@@ -415,6 +421,21 @@ class SpeculativeModel:
                     yield from chunks(seq, new)
             for seq, new in dec.step():
                 yield from chunks(seq, new)
+
+    def _one_by_one(self, ids, seed, options, max_new_tokens, *settings) -> Iterator[tuple[int, StreamChunk]]:
+        """A list of prompts on a target that decodes one sequence at a time (chain_target.py), in order: prompt i
+        seeded ``seed + i`` as in a batch."""
+        (temperature, top_p, top_k, stop, chat, method, logprobs, stop_token_ids, ignore_eos, include_stop, min_p,
+         presence, frequency, repetition, bias, min_tokens, json_schema, regex, choice, grammar) = settings
+        self._batch_results = [None] * len(ids)
+        for i, x in enumerate(ids):
+            s = self.stream(x, max_new_tokens, temperature, top_p, top_k, stop,
+                            None if seed is None else (seed_value(seed) + i) & SEED_MASK, chat, method, False, options,
+                            None, logprobs, stop_token_ids, ignore_eos, include_stop, min_p, presence, frequency,
+                            repetition, bias, min_tokens, json_schema, regex, choice, grammar)
+            for chunk in s:
+                yield i, chunk
+            self._batch_results[i] = s.result
 
     def batch_results(self) -> list[GenerationResult]:
         """The results of the last finished :meth:`stream_batch`, in prompt order."""

@@ -185,17 +185,17 @@ def cmd_calibrate(args) -> int:
 
     from drafttree.bench.config import positive_ints
     from drafttree.budget import calibration_path, compare_linear_kernels, cost_model_for, read_bandwidth, weight_bytes
+    from drafttree.chain_target import target_for
     from drafttree.kernels import kernel_status, small_gemm, wide_bf16_products
     from drafttree.kernels.gemm import MAX_ROWS, amx_on, chunked_bf16_products, panels_on
     from drafttree.models import load_model
-    from drafttree.target import TargetModel
 
     if args.compare_compile and args.compare_kernels:
         raise DraftTreeError("pass --compare-kernels or --compare-compile, not both")
     sizes = tuple(positive_ints(args.compile_sizes, "--compile-sizes", "token counts"))
     _threads(args.threads)
     lm = load_model(args.model, dtype=args.dtype, device=args.device)
-    runner = TargetModel(lm.model)
+    runner = target_for(lm.model)
     path = calibration_path(runner, lm.name)
     state = "measured now" if args.refresh or not path.exists() else "cached"
     curves = {"ms": cost_model_for(runner, lm.name, refresh=args.refresh)}

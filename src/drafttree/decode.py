@@ -115,6 +115,8 @@ def decode(
         max_depth = min(max_new_tokens - stats.new_tokens - 1, target.max_positions - target.length - 2)
         req = DraftRequest(context, root, max(0, max_depth), sampling, noise)
         tree = drafter.propose(req).to(target.device)  # draft
+        if target.chains_only:  # recurrent layers verify a chain, not a tree (chain_target.py)
+            tree = tree.first_chain()
         if tree.max_depth > req.max_depth:
             raise RuntimeError(f"drafter {drafter.name} proposed depth {tree.max_depth} > {req.max_depth}")
         watch.lap("time_draft")

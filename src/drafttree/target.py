@@ -59,17 +59,16 @@ RECURRENT_MODELS = frozenset({"mamba", "mamba2", "falcon_mamba", "rwkv", "xlstm"
 TREE_LAYERS = frozenset({"full_attention", "sliding_attention"})  # the kinds of attention the tree masks are built for
 
 
-def check_architecture(model: torch.nn.Module) -> None:
+def check_architecture(model: torch.nn.Module, chains: bool = False) -> None:
     """A one-line error for a model whose forward cannot verify a tree exactly: ALiBi models (BLOOM, MPT, Falcon with
     ``alibi``) build their position biases from a 2-D padding mask and take neither a 4-D mask nor position ids;
     recurrent layers (Mamba, linear attention, short convolutions: Jamba, Qwen3-Next, LFM2, ...) carry a state that
     every token of a tree would advance, whatever its branch; and the tree masks are built for full and sliding-window
-    attention only (Llama 4's chunked or DeepSeek-V3.2's indexed attention would attend where they must not)."""
+    attention only (Llama 4's chunked or DeepSeek-V3.2's indexed attention would attend where they must not).
+    ``chains``: the model verifies chains with its own causal masks (:mod:`drafttree.chain_target`), which every
+    layer type takes; only a forward without a cache is refused."""
     cfg = model.config
     kind = getattr(cfg, "model_type", type(model).__name__)
-    if getattr(cfg, "alibi", False) or kind in ("bloom", "mpt"):
-        raise DraftTreeError(f"{kind} models add ALiBi position biases built from a 2-D padding mask; a draft tree "
-                             "needs a 4-D attention mask and explicit positions, so this architecture is not supported")
     try:
         params = inspect.signature(type(model.base_model).forward).parameters
     except (TypeError, ValueError):
@@ -77,17 +76,41 @@ def check_architecture(model: torch.nn.Module) -> None:
     if params is not None and not {"cache", "past_key_values"} & set(params):
         raise DraftTreeError(f"{kind}: its forward keeps no KV cache, which a draft tree is verified against; this "
                              "architecture is not supported")
+    if chains:
+        return
+    if getattr(cfg, "alibi", False) or kind in ("bloom", "mpt"):
+        raise DraftTreeError(f"{kind} models add ALiBi position biases built from a 2-D padding mask; a draft tree "
+                             "needs a 4-D attention mask and explicit positions, so this architecture is not supported")
+    why = tree_refusal(model)
+    if why:
+        raise DraftTreeError(f"{kind}: {why}")
+
+
+def recurrent_layers(model: torch.nn.Module) -> list[str] | None:
+    """The kinds of the model's layers that carry a recurrent state (``[]``: the whole model is one, as Mamba),
+    or None when every layer keeps one key and value per token."""
+    cfg = model.config
     text = cfg.get_text_config() if hasattr(cfg, "get_text_config") else cfg
-    types = set(getattr(text, "layer_types", None) or [])
-    recurrent = sorted(types & RECURRENT_LAYERS)
-    if recurrent or kind in RECURRENT_MODELS:
+    kinds = sorted(set(getattr(text, "layer_types", None) or []) & RECURRENT_LAYERS)
+    if kinds:
+        return kinds
+    return [] if getattr(cfg, "model_type", None) in RECURRENT_MODELS else None
+
+
+def tree_refusal(model: torch.nn.Module) -> str | None:
+    """Why the model's layers cannot verify a tree in one forward (None: they can)."""
+    recurrent = recurrent_layers(model)
+    if recurrent is not None:
         what = f"its {', '.join(recurrent)} layers carry" if recurrent else "it carries"
-        raise DraftTreeError(f"{kind}: {what} a recurrent state that every token of a draft tree would advance, "
-                             "whatever its branch, so this architecture is not supported")
-    other = sorted(types - TREE_LAYERS - RECURRENT_LAYERS - {"dummy", "mlp", "moe"})
+        return f"{what} a recurrent state that every token of a draft tree would advance, whatever its branch"
+    cfg = model.config
+    text = cfg.get_text_config() if hasattr(cfg, "get_text_config") else cfg
+    other = sorted(set(getattr(text, "layer_types", None) or []) - TREE_LAYERS - RECURRENT_LAYERS
+                   - {"dummy", "mlp", "moe"})
     if other:
-        raise DraftTreeError(f"{kind}: drafttree builds tree masks for full and sliding-window attention; its "
-                             f"{', '.join(other)} layers are not supported")
+        return (f"drafttree builds tree masks for full and sliding-window attention; its {', '.join(other)} layers "
+                "are not supported")
+    return None
 
 
 def own_logit_scale(model: torch.nn.Module, lm_head: torch.nn.Module, softcap: float | None) -> float:
@@ -230,8 +253,10 @@ class TargetModel:
     were computed by other forwards than a fresh prefill's, so logits may differ from a fresh prefill's in the last
     bits. ``reused`` is how many prompt tokens the last prefill kept."""
 
+    chains_only = False  # a tree of any shape verifies in one forward (chain_target.ChainTarget: chains only)
+
     def __init__(self, model: torch.nn.Module, feature_layers: list[int] | None = None, keep_prefix: bool = False):
-        check_architecture(model)
+        check_architecture(model, chains=self.chains_only)
         self.model = model
         self.feature_layers = list(feature_layers) if feature_layers else None
         self.base = model.base_model

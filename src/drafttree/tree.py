@@ -100,6 +100,17 @@ class DraftTree:
                 out[p].append(i)
         return out
 
+    def first_chain(self) -> DraftTree:
+        """The chain from the root through each node's first child (builders list a node's likelier children first):
+        what a target that verifies chains only (chain_target.py) is given of any drafter's tree."""
+        if self.size == 1 or self.max_depth == self.size - 1:
+            return self
+        path = [0]
+        for i, p in enumerate(self.parents.tolist()):
+            if p == path[-1] and i > 0:
+                path.append(i)
+        return DraftTree.chain(int(self.tokens[0]), self.tokens[path[1:]], self.tokens.device)
+
     def path_to(self, node: int) -> list[int]:
         """Root-to-node path as node indices."""
         return torch.nonzero(self.ancestors[node]).flatten().tolist()

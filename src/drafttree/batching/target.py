@@ -26,7 +26,7 @@ from drafttree.batching.prefix_pool import PrefixEntry, PrefixPool
 from drafttree.cache import GrowingCache, cache_arg
 from drafttree.errors import DraftTreeError
 from drafttree.kernels.gemm import MAX_ROWS, kernel_rows
-from drafttree.target import ForwardOutput, TargetModel, common_prefix, run_with_features
+from drafttree.target import ForwardOutput, TargetModel, common_prefix, run_with_features, tree_refusal
 from drafttree.tree import DraftTree
 
 
@@ -83,6 +83,10 @@ class BatchTarget:
         did starts from a copy of its states (prefix caching; ``last_reused`` says how many tokens each one kept)."""
         self.pool = prefix_pool
         # prefills newcomers; holds config, LM head, masks
+        why = tree_refusal(model)
+        if why:
+            kind = getattr(model.config, "model_type", type(model).__name__)
+            raise DraftTreeError(f"{kind}: {why}; it decodes one sequence at a time (chains), not in batches")
         self.single = TargetModel(model, feature_layers, keep_prefix=prefix_pool is not None)
         # rows at most: 1 where the model's attention takes no packed rows (callers then decode one prompt at a time)
         self.max_rows: int | None = None if attends_rows(model) else 1

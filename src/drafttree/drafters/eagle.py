@@ -268,9 +268,9 @@ class EagleDrafter(Drafter):
 
 def make_budget(target, max_total: int = 64, min_total: int = 2, prune_against: str = "best") -> TreeBudget:
     """A TreeBudget with this machine's verify-cost curve for ``target`` (measured on first use, then cached)."""
-    from drafttree.target import TargetModel
+    from drafttree.chain_target import target_for
 
-    return TreeBudget(cost_model_for(TargetModel(target.model), target.name), max_total=max_total,
+    return TreeBudget(cost_model_for(target_for(target.model), target.name), max_total=max_total,
                       min_total=min_total, prune_against=prune_against)
 
 

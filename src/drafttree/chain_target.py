@@ -1,0 +1,224 @@
+"""Chains for models that cannot verify a tree: recurrent and hybrid layers, attention the tree masks are not built for.
+
+A layer with a recurrent state (Mamba, gated delta nets, short convolutions: Qwen3.5, Qwen3-Next, LFM2, Jamba,
+Falcon-H1, Granite 4 hybrids, ...) folds every token it reads into one state, so the branches of a tree cannot each
+see only their own path. A chain can be verified: one forward of the model's own (causal) kind over the root and its
+drafts, on the model's own ``DynamicCache``. What the rejection rule keeps is a prefix of that chain; when it keeps
+all of it the cache is already right, and otherwise the state before the forward is put back (a snapshot taken
+before it: recurrent states are small and fixed-size, keys and values are kept by reference) and the kept tokens go
+in front of the next round's forward, which runs them again at the price of a few more tokens in a forward whose
+cost hardly grows with its length here: no forward of its own (transformers' assisted generation instead records
+every step's state, which each model's kernels must support). The decode loop and the acceptance rule are the same as
+for trees (``decode.py`` asks any drafter's tree for its first chain, :meth:`DraftTree.first_chain`), so every method
+stays exact.
+
+A model whose forward over several tokens on a cache is not the same function as token by token (transformers' Mamba
+and Mamba-2 reference paths, measured: ``logs/s75_recurrent_probe.py``) is refused in one line at load, after a
+check that runs a short random prompt both ways.
+"""
+
+from __future__ import annotations
+
+import torch
+from transformers import DynamicCache
+
+from drafttree.cache import cache_arg
+from drafttree.errors import DraftTreeError
+from drafttree.kernels import fast_linears
+from drafttree.target import ForwardOutput, TargetModel, decoder_layers, recurrent_layers
+
+# transformers' reference scan for these starts every multi-token forward from a zero state ("WRONG if the cache is
+# not empty", its own comment; its assisted generation steps such tokens one by one instead): a chain would be verified
+# against another model
+CHUNKS_DROP_STATE = frozenset({"mamba", "falcon_mamba", "jamba"})
+CHECK_TOLERANCE = 0.1  # a chunk's logits may differ from token-by-token ones by this share of their spread at most
+
+
+def target_for(model: torch.nn.Module, feature_layers: list[int] | None = None,
+               keep_prefix: bool = False) -> TargetModel:
+    """The verifier for ``model``: trees where its layers take them, chains (:class:`ChainTarget`) for recurrent layers
+    and ALiBi (attention of other kinds, judged on no model yet, keeps the tree target's one-line refusal)."""
+    if recurrent_layers(model) is not None or _alibi(model):
+        return ChainTarget(model, feature_layers)
+    return TargetModel(model, feature_layers, keep_prefix)
+
+
+def _alibi(model: torch.nn.Module) -> bool:
+    cfg = model.config
+    return bool(getattr(cfg, "alibi", False)) or getattr(cfg, "model_type", None) in ("bloom", "mpt")
+
+
+def _state(obj, skip: tuple[str, ...] = ()) -> dict:
+    """What ``obj`` (a cache or one of its layers) holds, to be put back: tensors updated in place (recurrent and
+    convolution states in dicts, 0-d counters) copied; keys and values, which an update replaces, by reference."""
+    out = {}
+    for name, value in vars(obj).items():
+        if name in skip:
+            continue
+        if isinstance(value, torch.Tensor):
+            out[name] = value.clone() if value.dim() == 0 else value
+        elif isinstance(value, dict):
+            out[name] = {k: v.clone() if isinstance(v, torch.Tensor) else v for k, v in value.items()}
+        elif isinstance(value, list):
+            out[name] = list(value)
+        else:
+            out[name] = value
+    return out
+
+
+def _put_back(obj, state: dict) -> None:
+    for name in [n for n in vars(obj) if n not in state and n != "layers"]:
+        delattr(obj, name)
+    vars(obj).update(state)
+
+
+class ChainTarget(TargetModel):
+    """Prefill, chain forward, commit over one sequence of a model that verifies chains only (module docstring).
+
+    ``length`` counts the tokens committed; the cache holds the state of ``length - len(replay)`` of them, the
+    ``replay`` tokens running at the head of the next forward."""
+
+    chains_only = True
+
+    def __init__(self, model: torch.nn.Module, feature_layers: list[int] | None = None):
+        kind = getattr(model.config, "model_type", type(model).__name__)
+        if kind in CHUNKS_DROP_STATE:
+            raise DraftTreeError(f"{kind}: transformers runs several tokens on a cache from a zero state in this "
+                                 "model, which verifying a chain needs to be exact; this architecture is not supported")
+        super().__init__(model, feature_layers, keep_prefix=False)
+        self.replay: list[int] = []
+        self._snapshot: tuple[dict, list[dict]] | None = None
+        self._chain: list[int] = []
+        self._checked = False
+
+    def _new_cache(self) -> DynamicCache:
+        return DynamicCache(config=self.config)
+
+    def _run(self, **kw):
+        """The model's own forward (its own causal masks), with the feature layers' inputs caught by pre-hooks."""
+        base = self.base
+        caught: dict[int, torch.Tensor] = {}
+        handles = []
+        if self.feature_layers:
+            layers = decoder_layers(base)
+
+            def catch(i):
+                def hook(module, args, kwargs):
+                    caught[i] = args[0] if args else kwargs["hidden_states"]
+                return hook
+
+            handles = [layers[i].register_forward_pre_hook(catch(i), with_kwargs=True) for i in self.feature_layers]
+        try:
+            with fast_linears(self.model):
+                out = base(**kw)
+        except ValueError as e:  # e.g. MiniMax: "uses cache of its own and is not compatible with ... DynamicCache"
+            if "cache" in str(e):
+                kind = getattr(self.config, "model_type", type(self.model).__name__)
+                raise DraftTreeError(f"{kind}: its forward does not take transformers' DynamicCache, which drafttree "
+                                     "rolls back between chains; this architecture is not supported") from e
+            raise
+        finally:
+            for h in handles:
+                h.remove()
+        aux = torch.cat([caught[i] for i in self.feature_layers], dim=-1) if self.feature_layers else None
+        return out, None if aux is None else aux[0]
+
+    def _forward(self, ids: list[int] | torch.Tensor, start: int):
+        ids = torch.as_tensor(ids, dtype=torch.long, device=self.device).reshape(1, -1)
+        positions = torch.arange(start, start + ids.shape[1], device=self.device)
+        return self._run(input_ids=ids, position_ids=positions[None], use_cache=True,
+                         **{cache_arg(self.base): self.cache})
+
+    @torch.inference_mode()
+    def prefill(self, input_ids: torch.Tensor, logits_for: str = "last") -> ForwardOutput:
+        ids = input_ids.reshape(-1).to(self.device)
+        n = ids.numel()
+        self.check_prompt(n)
+        if not self._checked:
+            self._check_chunks()
+        self.cache = self._new_cache()
+        self.length, self._pending, self.replay, self._snapshot, self.reused = 0, 0, [], None, 0
+        out, aux = self._forward(ids, 0)
+        feats = out.last_hidden_state[0]
+        self.length = n
+        head_in = feats if logits_for == "all" else feats[-1:]
+        return ForwardOutput(logits=self.logits(head_in), features=feats if aux is None else aux)
+
+    def _check_chunks(self) -> None:
+        """Refuse, in one line, a model whose forward over several tokens on a cache differs from token by token."""
+        g = torch.Generator().manual_seed(0)
+        ids = torch.randint(0, self.lm_head.weight.shape[0], (12,), generator=g).tolist()
+        self.cache = self._new_cache()
+        self._forward(ids[:6], 0)
+        chunk = self.logits(self._forward(ids[6:], 6)[0].last_hidden_state[0]).float()
+        self.cache = self._new_cache()
+        self._forward(ids[:6], 0)
+        steps = torch.cat([self.logits(self._forward(ids[i:i + 1], i)[0].last_hidden_state[0]) for i in range(6, 12)])
+        self.cache = None
+        spread = steps.float().std().clamp_min(1e-6)
+        if ((chunk - steps.float()).abs().max() / spread) > CHECK_TOLERANCE:
+            kind = getattr(self.config, "model_type", type(self.model).__name__)
+            raise DraftTreeError(f"{kind}: its forward over several tokens on a cache does not give what it gives "
+                                 "token by token, which verifying a chain needs; this architecture is not supported")
+        self._checked = True
+
+    @torch.inference_mode()
+    def forward_tree(self, tokens: torch.Tensor, depths: torch.Tensor, ancestors: torch.Tensor) -> ForwardOutput:
+        """The chain ``tokens`` (depths 0, 1, 2, ...) after the committed tokens, the replayed ones first."""
+        if self.cache is None:
+            raise RuntimeError("forward before prefill")
+        n = int(tokens.numel())
+        if not torch.equal(depths.cpu(), torch.arange(n)):
+            raise RuntimeError("a chain target verifies chains only (DraftTree.first_chain)")
+        self.discard_pending()
+        self._snapshot = (_state(self.cache, ("layers",)), [_state(layer) for layer in self.cache.layers])
+        self._chain = tokens.reshape(-1).tolist()
+        done = self.length - len(self.replay)
+        out, aux = self._forward(self.replay + self._chain, done)
+        feats = out.last_hidden_state[0, len(self.replay):]
+        features = feats if aux is None else aux[len(self.replay):]
+        self._pending = n
+        return ForwardOutput(logits=self.logits(feats), features=features)
+
+    def forward_nodes(self, tokens: torch.Tensor, positions: torch.Tensor, attend: torch.Tensor) -> ForwardOutput:
+        raise DraftTreeError("a model with recurrent layers verifies chains only; it cannot grow a draft tree itself")
+
+    @torch.inference_mode()
+    def commit(self, nodes: list[int] | torch.Tensor) -> None:
+        """Keep the chain's first ``len(nodes)`` tokens: all of them as the cache holds them, fewer by putting the
+        state of before the forward back and replaying them next round."""
+        m = len(nodes) if isinstance(nodes, list) else int(nodes.numel())
+        if m > self._pending or not torch.equal(torch.as_tensor(nodes).cpu(), torch.arange(m)):
+            raise RuntimeError("commit of a chain's first tokens only, as many as the last forward ran at most")
+        if m == self._pending:
+            self.replay = []
+        else:
+            self._restore()
+            self.replay = self.replay + self._chain[:m]
+        self.length += m
+        self._pending, self._snapshot = 0, None
+
+    def _restore(self) -> None:
+        top, layers = self._snapshot
+        _put_back(self.cache, top)
+        for layer, state in zip(self.cache.layers, layers):
+            _put_back(layer, state)
+
+    def discard_pending(self) -> None:
+        if self._pending:
+            self._restore()
+            self._pending, self._snapshot = 0, None
+
+    def crop(self, length: int) -> None:
+        if length != self.length:
+            raise DraftTreeError("a model with recurrent layers cannot drop committed tokens from its state")
+        self.discard_pending()
+
+    def load_prefix(self, *args, **kwargs) -> None:
+        raise DraftTreeError("a model with recurrent layers keeps no prefix cache")
+
+    def keep_prefix(self, on: bool) -> None:
+        self.forget()
+
+    def forget(self) -> None:
+        self.cache, self.length, self._pending, self.replay, self._snapshot = None, 0, 0, [], None
