@@ -26,6 +26,7 @@ ARCHS = {  # a gated delta net (Qwen3.5), short convolutions (LFM2), Mamba-2 mix
     "granitemoehybrid": dict(layer_types=["mamba", "attention"] * 2, mamba_n_heads=4, mamba_d_head=32,
                              mamba_d_state=8, num_local_experts=2, num_experts_per_tok=1),
     "bloom": dict(n_layer=2, n_head=4),
+    "falcon_mamba": dict(state_size=8),  # its scan steps the tokens of a forward (recorded past states)
 }
 
 
@@ -113,8 +114,82 @@ def test_chain_models_refuse_trees_batches_and_broken_scans_in_one_line():
         with pytest.raises(DraftTreeError, match=message) as e:
             make()
         assert "\n" not in str(e.value)
-    cfg = AutoConfig.for_model("mamba", hidden_size=H, num_hidden_layers=2, state_size=4, vocab_size=V)
-    mamba = AutoModelForCausalLM.from_config(cfg)
-    with pytest.raises(DraftTreeError, match="from a zero state") as e:
-        target_for(mamba)
+    cfg = AutoConfig.for_model("minimax", **(BASE | dict(layer_types=["linear_attention", "full_attention"] * 2,
+                                                         num_local_experts=2)))
+    own_cache = target_for(AutoModelForCausalLM.from_config(cfg).eval())
+    with pytest.raises(DraftTreeError, match="does not take transformers' DynamicCache") as e:
+        own_cache.prefill(torch.arange(2, 9))
     assert "\n" not in str(e.value)
+
+
+def _chunk_against_steps(target: ChainTarget) -> float:
+    """How far a 10-token chain's logits are from the same tokens verified one by one (share of their spread)."""
+    ids = torch.randint(2, V, (40,), generator=torch.Generator().manual_seed(0))
+    target.prefill(ids[:30])
+    chain = DraftTree.chain(int(ids[30]), ids[31:])
+    chunk = target.forward_tree(chain.tokens, chain.depths, chain.ancestors).logits.float()
+    target.prefill(ids[:30])
+    steps = []
+    for i in range(30, 40):
+        one = DraftTree.chain(int(ids[i]), [])
+        steps.append(target.forward_tree(one.tokens, one.depths, one.ancestors).logits.float())
+        target.commit([0])
+    steps = torch.cat(steps)
+    return float((chunk - steps).abs().max() / steps.std())
+
+
+def test_a_mamba_scan_steps_a_chain_from_the_cached_state_and_the_check_refuses_one_that_does_not():
+    """transformers' Falcon-Mamba scan starts a multi-token forward from a zero state: with its layers recording
+    past states a chain's logits are the token-by-token ones; without, they are not, and the first prefill's check
+    refuses the model in one line."""
+    model = _model("falcon_mamba")
+    target = target_for(model)
+    assert target.steps and _chunk_against_steps(target) < 1e-5
+    target.steps = False  # transformers' multi-token path as it is
+    assert _chunk_against_steps(target) > 1e-2
+    fresh = ChainTarget(model)
+    fresh.steps = False
+    with pytest.raises(DraftTreeError, match="does not give what it gives token by token") as e:
+        fresh.prefill(torch.arange(2, 9))
+    assert "\n" not in str(e.value)
+
+
+def test_the_server_serves_a_chain_model_one_request_at_a_time():
+    """Concurrent completions on a model with recurrent layers: each answered with its prompt's greedy text (the
+    scheduler feeds batching/one_by_one.py), streams end with [DONE]; the server keeps serving."""
+    import json
+    import threading
+
+    from server_client import post, request, sse_events
+
+    from drafttree.server import ServerThread, create_app
+
+    model = _model("lfm2")
+    prompts = _prompts()
+    refs = [_hf_greedy(model, p) for p in prompts]
+    sm = SpeculativeModel(LoadedModel(model, IdsTokenizer(), "tiny-lfm2", ""), method="lookup")
+    srv = ServerThread(create_app(sm, max_body_bytes=64 * 1024)).start()
+    try:
+        results: dict[int, object] = {}
+
+        def ask(i):
+            body = {"model": "tiny-lfm2", "prompt": prompts[i % 2].tolist(), "max_tokens": N, "ignore_eos": True,
+                    "temperature": 0}
+            if i % 2:
+                status, _, data = request(srv, "POST", "/v1/completions", body | {"stream": True})
+                events = sse_events(data)
+                results[i] = (status, events[-1], "".join(json.loads(e)["choices"][0]["text"] for e in events[:-1]
+                                                         if json.loads(e)["choices"]))
+            else:
+                status, out = post(srv, "/v1/completions", body)
+                results[i] = (status, "[DONE]", out["choices"][0]["text"])
+
+        threads = [threading.Thread(target=ask, args=(i,)) for i in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=300)
+        texts = ["".join(f"<{t}>" for t in r) for r in refs]
+        assert all(results[i] == (200, "[DONE]", texts[i % 2]) for i in range(4)), results
+    finally:
+        srv.stop()

@@ -452,6 +452,23 @@ class SpeculativeModel:
                                              prefix_pool=PrefixPool() if self.prefix_cache else None)
         return self._batch_target
 
+    @property
+    def max_positions(self) -> int:
+        """The target's context window in tokens (prompt and output together)."""
+        return self._runner.max_positions
+
+    def batch_decoder(self):
+        """A fresh batched decode loop over this target (the server's scheduler feeds one): rows packed into one
+        forward, or one sequence at a time for a target that verifies chains only (batching/one_by_one.py)."""
+        if self._runner.chains_only:
+            from drafttree.batching.one_by_one import OneByOneDecoder
+
+            return OneByOneDecoder(self._runner)
+        from drafttree.batching import BatchDecoder
+
+        return BatchDecoder(self.batch_target(), self.verify_cost(), self.batch_policy,
+                            prefill_chunk=self.prefill_chunk)
+
     def verify_cost(self):
         """This machine's verify-cost curve for the target (measured once, cached on disk)."""
         from drafttree.budget import cost_model_for

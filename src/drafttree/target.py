@@ -262,7 +262,9 @@ class TargetModel:
         self.base = model.base_model
         self.lm_head = model.get_output_embeddings()
         self.config = model.config
-        self.softcap = getattr(self.config, "final_logit_softcapping", None)
+        # Gemma 2/3's name, RecurrentGemma's
+        self.softcap = getattr(self.config, "final_logit_softcapping", None) or getattr(self.config, "logits_soft_cap",
+                                                                                        None)
         self.logit_scale = own_logit_scale(model, self.lm_head, self.softcap)  # Cohere's, Granite's; 1.0 for most
         self.layer_types = getattr(self.config, "layer_types", None)
         self.sliding_window = getattr(self.config, "sliding_window", None)

@@ -113,7 +113,7 @@ class Service:
                 ids = sm.encode_prompt(req.prompt, chat=False)
         except DraftTreeError as e:
             raise bad_request(str(e), param) from e
-        ctx = sm.batch_target().max_positions
+        ctx = sm.max_positions
         if ids.numel() >= ctx:
             raise bad_request(f"the prompt is {ids.numel()} tokens but the model's context window is {ctx} tokens",
                               param, "context_length_exceeded")
@@ -285,7 +285,7 @@ def create_app(sm, api_key: str | None = None, max_batch: int = 16, max_queue: i
             ids = svc.sm.encode_prompt(parse_messages(body) if chat else body["prompt"], chat=chat)
         except DraftTreeError as e:
             raise bad_request(str(e), "messages" if chat else "prompt") from e
-        return {"count": int(ids.numel()), "max_model_len": svc.sm.batch_target().max_positions,
+        return {"count": int(ids.numel()), "max_model_len": svc.sm.max_positions,
                 "tokens": ids.tolist()}
 
     @app.post("/detokenize")
@@ -351,7 +351,7 @@ async def complete(svc: Service, request: Request, chat: bool):
     ids = svc.encode(req, chat)
     # as vLLM and OpenAI: a prompt and an asked-for max_tokens that do not fit the context window together are a 400
     # (not an answer cut short); without max_tokens the default shrinks to what fits
-    ctx, asked = svc.sm.batch_target().max_positions, req.max_completion_tokens or req.max_tokens
+    ctx, asked = svc.sm.max_positions, req.max_completion_tokens or req.max_tokens
     room = ctx - ids.numel()
     if asked is not None and asked > room:
         param = "max_completion_tokens" if req.max_completion_tokens else "max_tokens"

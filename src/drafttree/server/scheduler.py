@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 import torch
 
 from drafttree.accept import Sampling
-from drafttree.batching import BatchDecoder, Sequence
+from drafttree.batching import Sequence
 from drafttree.detok import PrefixEnds, TextAssembler, min_tokens_of
 from drafttree.drafters import make_drafter
 from drafttree.errors import DraftTreeError
@@ -76,9 +76,9 @@ class Scheduler:
         if max_batch <= 0 or max_queue <= 0:
             raise DraftTreeError(f"max_batch and max_queue must be > 0, got {max_batch} and {max_queue}")
         self.sm, self.max_batch, self.max_queue = sm, max_batch, max_queue
-        self.decoder = BatchDecoder(sm.batch_target(), sm.verify_cost(), sm.batch_policy,
-                                    prefill_chunk=sm.prefill_chunk)
-        # a model whose attention takes no packed rows serves one request at a time (BatchTarget.max_rows)
+        self.decoder = sm.batch_decoder()
+        # a model whose attention takes no packed rows serves one request at a time (BatchTarget.max_rows; a model
+        # that verifies chains only: batching/one_by_one.py)
         self.max_batch = min(max_batch, self.decoder.target.max_rows or max_batch)
         self.pending: collections.deque[Job] = collections.deque()
         self.cond = threading.Condition()
@@ -238,8 +238,7 @@ class Scheduler:
             if not job.ended:  # answered already (done, or its own error): nothing more to say
                 job.push("error", 500, f"internal server error: {type(err).__name__}: {err}")
                 self.metrics.request_failed()
-        self.decoder = BatchDecoder(self.sm.batch_target(), self.sm.verify_cost(), self.sm.batch_policy,
-                                    prefill_chunk=self.sm.prefill_chunk)
+        self.decoder = self.sm.batch_decoder()
         self.decoder.target.keep([])
         self.decoder.target.forget_buffers()  # a failed forward may have left them half-written
 
