@@ -4,6 +4,8 @@ head, and at T=1 with a seed plain sampling's; a target that forgets to put the 
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM
@@ -193,3 +195,44 @@ def test_the_server_serves_a_chain_model_one_request_at_a_time():
         assert all(results[i] == (200, "[DONE]", texts[i % 2]) for i in range(4)), results
     finally:
         srv.stop()
+
+
+def test_the_hybrid_drafter_gives_a_chain_target_its_best_rated_chain():
+    """Merged nodes are numbered source by source, not by rating: the chain follows the ratings (an n-gram's unlikely
+    first child before the head's likely one must not win)."""
+    from drafttree.drafters.merged import MergedTree
+
+    merged = MergedTree(5)
+    merged.tokens += [11, 21, 22, 23]
+    merged.parents += [0, 0, 2, 3]
+    merged.scores += [math.log(0.1), math.log(0.9), math.log(0.81), math.log(0.73)]
+    assert merged.best_chain(merged.best(5)) == [0, 2, 3, 4]
+    assert merged.best_chain(merged.best(3)) == [0, 2, 3]
+    assert merged.best_chain([0]) == [0]
+
+
+def test_a_request_whose_prefill_fails_never_becomes_the_row():
+    """The one-at-a-time decoder (the server's, for chain models): a failed prefill raises and leaves no row behind,
+    so the scheduler answers that request once (its error) and goes on."""
+    from drafttree.batching.decode import Sequence
+    from drafttree.batching.one_by_one import OneByOneDecoder
+    from drafttree.drafters import make_drafter
+
+    lm = LoadedModel(_model("lfm2"), IdsTokenizer(), "tiny-lfm2", "")
+    dec = SpeculativeModel(lm, method="lookup").batch_decoder()
+    assert isinstance(dec, OneByOneDecoder) and dec.target.max_rows == 1
+    with pytest.raises(DraftTreeError, match="empty prompt"):
+        dec.add(Sequence(torch.zeros(0, dtype=torch.long), make_drafter("lookup", lm), max_new_tokens=4))
+    assert dec.rows == 0 and dec.step() == []
+    seq = Sequence(_prompts()[0], make_drafter("lookup", lm), max_new_tokens=4)
+    out = list(dec.add(seq))
+    while not seq.finished:
+        out += [t for _, new in dec.step() for t in new]
+    assert out == _hf_greedy(lm.model, _prompts()[0])[:4] and dec.step() == [] and dec.rows == 0
+
+
+def test_a_ranked_tree_becomes_its_best_rated_chain():
+    tree = DraftTree.from_parents(torch.tensor([5, 6, 7, 8, 9]), torch.tensor([-1, 0, 0, 2, 2]))
+    tree.scores = torch.tensor([0.0, math.log(0.2), math.log(0.7), math.log(0.3), math.log(0.6)])
+    chain = tree.first_chain()
+    assert chain.tokens.tolist() == [5, 7, 9] and abs(chain.expected_accept - 1.3) < 1e-6

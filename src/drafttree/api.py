@@ -454,8 +454,9 @@ class SpeculativeModel:
 
     @property
     def max_positions(self) -> int:
-        """The target's context window in tokens (prompt and output together)."""
-        return self._runner.max_positions
+        """The context window, in tokens (prompt and output together), of what serves batches: the batched target's,
+        or the single-sequence one's for a target that verifies chains only."""
+        return self._runner.max_positions if self._runner.chains_only else self.batch_target().max_positions
 
     def batch_decoder(self):
         """A fresh batched decode loop over this target (the server's scheduler feeds one): rows packed into one

@@ -129,7 +129,8 @@ def own_logit_scale(model: torch.nn.Module, lm_head: torch.nn.Module, softcap: f
     ids = torch.tensor([[1, 2, 3]], device=device) % int(lm_head.weight.shape[0])
     with torch.inference_mode():
         ref = model(input_ids=ids, use_cache=False).logits[0].float()
-        raw = lm_head(model.base_model(input_ids=ids, use_cache=False).last_hidden_state[0]).float()
+        hidden = model.base_model(input_ids=ids, use_cache=False).last_hidden_state[0]
+        raw = lm_head(hidden.to(lm_head.weight.dtype)).float()  # Mamba keeps its residual in float32
     tol = (1e-4 if lm_head.weight.dtype == torch.float32 else 2e-2) * (1.0 + ref.abs().max().item())
     candidates = [1.0]
     if getattr(cfg, "logit_scale", None):
@@ -286,6 +287,8 @@ class TargetModel:
         return self.lm_head.weight.dtype
 
     def logits(self, features: torch.Tensor) -> torch.Tensor:
+        if features.dtype != self.dtype:  # Mamba's residual in float32 (residual_in_fp32) before a bf16 head
+            features = features.to(self.dtype)
         with fast_linears(self.model):
             out = self.lm_head(features)
         if self.logit_scale != 1.0:

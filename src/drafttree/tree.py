@@ -52,6 +52,7 @@ class DraftTree:
     depths: torch.Tensor  # [n] long, root 0
     # sum over draft nodes of exp(score): the draft's own estimate of the accepted length (dynamic trees)
     expected_accept: float | None = None
+    scores: torch.Tensor | None = None  # [n] each node's log-estimate of being accepted (root 0), where ranked
 
     @property
     def size(self) -> int:
@@ -65,7 +66,8 @@ class DraftTree:
         if self.tokens.device == device:
             return self
         return DraftTree(self.tokens.to(device), self.parents.to(device), self.ancestors.to(device),
-                         self.depths.to(device), self.expected_accept)
+                         self.depths.to(device), self.expected_accept,
+                         None if self.scores is None else self.scores.to(device))
 
     @staticmethod
     def from_parents(tokens: torch.Tensor, parents: torch.Tensor) -> DraftTree:
@@ -101,15 +103,24 @@ class DraftTree:
         return out
 
     def first_chain(self) -> DraftTree:
-        """The chain from the root through each node's first child (builders list a node's likelier children first):
-        what a target that verifies chains only (chain_target.py) is given of any drafter's tree."""
+        """The chain from the root through each node's best-rated child (``scores``; unranked: its first child, as
+        the builders list a node's likelier children first): what a target that verifies chains only
+        (chain_target.py) is given of any drafter's tree."""
         if self.size == 1 or self.max_depth == self.size - 1:
             return self
+        parents = self.parents.tolist()
+        rating = self.scores.tolist() if self.scores is not None else [-float(i) for i in range(self.size)]
         path = [0]
-        for i, p in enumerate(self.parents.tolist()):
-            if p == path[-1] and i > 0:
-                path.append(i)
-        return DraftTree.chain(int(self.tokens[0]), self.tokens[path[1:]], self.tokens.device)
+        while True:
+            children = [i for i in range(path[-1] + 1, self.size) if parents[i] == path[-1]]
+            if not children:
+                break
+            path.append(max(children, key=lambda i: (rating[i], -i)))
+        chain = DraftTree.chain(int(self.tokens[0]), self.tokens[path[1:]], self.tokens.device)
+        if self.scores is not None:
+            chain.scores = self.scores[path]
+            chain.expected_accept = float(chain.scores[1:].exp().sum())
+        return chain
 
     def path_to(self, node: int) -> list[int]:
         """Root-to-node path as node indices."""
@@ -233,6 +244,7 @@ def select_tree(root: int, cands: Candidates, keep: int) -> DraftTree:
     parents = torch.cat([torch.tensor([-1], dtype=torch.long, device=dev), par_new])
     tree = DraftTree.from_parents(tokens, parents)
     tree.expected_accept = float(cands.score[chosen].exp().sum())
+    tree.scores = torch.cat([cands.score.new_zeros(1), cands.score[chosen]])
     return tree
 
 

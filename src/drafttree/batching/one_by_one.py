@@ -69,8 +69,13 @@ class OneByOneDecoder:
                                  "at a time)")
         self._steps = decode(self.single, seq.drafter, seq.prompt_ids, seq.sampling, seq.max_new_tokens, seq.eos_ids,
                              seq.generator, seq.stats, logprobs=seq.logprobs)
+        try:
+            first = self._next(seq)  # the prefill: a request it fails for never becomes the row
+        except BaseException:
+            self._steps = None
+            raise
         self.active = [seq]
-        return self._next(seq)
+        return first
 
     def add_many(self, seqs: list[Sequence]) -> list[list[int]]:
         return [self.add(s) for s in seqs]

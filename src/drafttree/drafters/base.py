@@ -26,6 +26,9 @@ class DraftRequest:
     info: dict = field(default_factory=dict)  # drafters may leave per-round notes (e.g. chosen depth)
     # batched decoding: the verify cost charged to this row (a budget.BatchShare); None = the row is alone
     cost: object | None = None
+    # the target verifies chains only (chain_target.py): a drafter that ranks its nodes proposes its best chain (the
+    # decode loop takes any other tree's first chain)
+    chain: bool = False
 
     @property
     def root_pos(self) -> int:

@@ -139,6 +139,8 @@ class DraftModelDrafter(Drafter):
                 return grow_dynamic_tree(stepper, req.root, k, self.top_k, self.total_tokens)
             budget = self.rounds.start(req.cost, len(req.context))
             tree = grow_dynamic_tree(stepper, req.root, k, self.top_k, budget.max_total, budget=budget)
+            if req.chain:  # verified as its best chain (chain_target.py): the budget learns from that
+                tree = tree.first_chain()
             self.rounds.record(budget, tree.expected_accept or 0.0, tree.size)
             req.info.update(tree_tokens=tree.size, depth=tree.max_depth)
             return tree

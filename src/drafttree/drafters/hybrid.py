@@ -338,6 +338,8 @@ class HybridDrafter(Drafter):
         if self.agree:
             merged.rescore(self.agreement)
         keep = merged.best(self._size(merged, spent, req.cost, len(req.context), bar))
+        if req.chain:  # the round verifies, and learns from, its best chain only
+            keep = merged.best_chain(keep)
         tree = self._tree_of(merged, keep, ran)
         if self._packs(req.cost) and tree.size > 1:
             c = self.budget.calibration

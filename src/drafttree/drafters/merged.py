@@ -101,6 +101,16 @@ class MergedTree:
                 c = math.log(agreement.rate(cell, est))
             self.scores[node] = self.scores[self.parents[node]] + c
 
+    def best_chain(self, keep: list[int]) -> list[int]:
+        """Of the nodes ``keep`` (the root first, closed under parents), the chain through each node's best-rated
+        child: what a target that verifies chains only is given."""
+        kept, chain = set(keep), [0]
+        while True:
+            children = [i for i in kept if self.parents[i] == chain[-1] and i != chain[-1]]
+            if not children:
+                return chain
+            chain.append(max(children, key=lambda i: (self.scores[i], -i)))
+
     def best(self, n: int) -> list[int]:
         """Indices of the root and the ``n - 1`` best nodes, in creation (topological) order."""
         order = sorted(range(1, len(self.tokens)), key=lambda i: (-self.scores[i], i))[: max(0, n - 1)]
