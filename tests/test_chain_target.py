@@ -236,3 +236,20 @@ def test_a_ranked_tree_becomes_its_best_rated_chain():
     tree.scores = torch.tensor([0.0, math.log(0.2), math.log(0.7), math.log(0.3), math.log(0.6)])
     chain = tree.first_chain()
     assert chain.tokens.tolist() == [5, 7, 9] and abs(chain.expected_accept - 1.3) < 1e-6
+
+
+def test_chains_on_the_real_default_model_give_plain_decodings_tokens_in_float32(default_fp32):
+    """The chain path (snapshot, rollback, replay, the hybrid's best chain with the shipped head) on the real default
+    model, verifying chains as a recurrent model would: every method gives plain decoding's tokens in float32."""
+    from drafttree.heads import load_head_for
+
+    head = load_head_for(default_fp32, None)
+    sm = SpeculativeModel(default_fp32, method="auto", head=head)
+    prompts = ["Write a Python function that reverses a list, then call it on [1, 2, 3].",
+               "Repeat after me three times: the quick brown fox jumps over the lazy dog."]
+    refs = [sm.generate([{"role": "user", "content": p}], max_new_tokens=48, method="ar").tokens for p in prompts]
+    sm._runner = ChainTarget(default_fp32.model, getattr(head, "aux_layers", None))
+    for method in ("auto", "lookup", "eagle2"):
+        outs = [sm.generate([{"role": "user", "content": p}], max_new_tokens=48, method=method) for p in prompts]
+        assert [o.tokens for o in outs] == refs, method
+        assert max(o.tau for o in outs) > 1.2, method

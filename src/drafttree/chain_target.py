@@ -15,7 +15,8 @@ any drafter's tree for its first chain, :meth:`DraftTree.first_chain`), so every
 transformers' Mamba, Falcon-Mamba and Jamba scans start a multi-token forward from a zero state; their layers record
 past states after the prompt (``CHUNKS_DROP_STATE``), which steps a forward's tokens through the scan from the cached
 state. Any other model whose forward over several tokens on a cache is not the same function as token by token is
-refused in one line at its first prefill, after a check that runs a short random prompt both ways.
+refused in one line at its first prefill, after a check that runs a short random prompt both ways (decisive in float32;
+in bf16 its rounding hides all but gross failures).
 """
 
 from __future__ import annotations
@@ -37,10 +38,12 @@ CHUNKS_DROP_STATE = frozenset({"mamba", "falcon_mamba", "jamba"})
 REPLAY_FLUSH = 8
 UNBOUNDED = 1 << 20  # the context of a model without a position table (Mamba, BLOOM's ALiBi): the memory's limit
 KEEP_ALL = 1 << 30  # recurrent states a recording layer keeps per forward: all of them (the chain is short)
-# a chunk's logits may differ from token-by-token ones by this share of their spread at most (float32 / other dtypes:
-# exact models measured ~1e-6 / ~0.03 on tiny random ones) and by this share of what the cached prefix changes
-CHECK_SPREAD = {torch.float32: 1e-3, None: 0.1}
-CHECK_STATE = 0.015
+# a chunk's logits may differ from token-by-token ones by this share of their spread, and of what the cached prefix
+# changes, at most. float32 decides: exact models measured <= 1e-5 / 1e-6 (SmolLM2-135M), scans that drop the cached
+# state >= 5e-3 (tiny random Mamba). In bf16 rounding alone reaches 0.18 / 0.018 on SmolLM2, as much as a tiny Mamba's
+# dropped state: there only gross failures are caught (models known to drop it record their steps: CHUNKS_DROP_STATE)
+CHECK_SPREAD = {torch.float32: 1e-3, None: 1.0}
+CHECK_STATE = {torch.float32: 1e-3, None: 0.25}
 
 
 def target_for(model: torch.nn.Module, feature_layers: list[int] | None = None,
@@ -155,9 +158,8 @@ class ChainTarget(TargetModel):
 
     def _check_chunks(self, prefix: int = 16, chunk: int = 8) -> None:
         """Refuse, in one line, a model whose forward over several tokens on a cache differs from token by token: by
-        more than ``CHECK_SPREAD`` of the logits' spread, or by more than ``CHECK_STATE`` of what the cached prefix
-        changes (the same tokens on an empty cache), the measure that still tells a scan that drops the cached state
-        in bf16 (tiny random models: exact ones <= 0.008, transformers' Mamba scans without recording 0.02-0.3)."""
+        more than ``CHECK_SPREAD`` of the logits' spread, or more than ``CHECK_STATE`` of what the cached prefix
+        changes (the same tokens on an empty cache)."""
         g = torch.Generator().manual_seed(0)
         n = prefix + chunk
         ids = torch.randint(0, self.lm_head.weight.shape[0], (n,), generator=g).tolist()
@@ -178,7 +180,8 @@ class ChainTarget(TargetModel):
         self.cache = None
         off = (chunked - steps).abs().max()
         spread = CHECK_SPREAD.get(self.dtype, CHECK_SPREAD[None])
-        if off > spread * steps.std() or off > CHECK_STATE * (steps - fresh).abs().max():
+        state = CHECK_STATE.get(self.dtype, CHECK_STATE[None])
+        if off > spread * steps.std() or off > state * (steps - fresh).abs().max():
             kind = getattr(self.config, "model_type", type(self.model).__name__)
             raise DraftTreeError(f"{kind}: its forward over several tokens on a cache does not give what it gives "
                                  "token by token, which verifying a chain needs; this architecture is not supported")
