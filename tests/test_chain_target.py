@@ -253,3 +253,39 @@ def test_chains_on_the_real_default_model_give_plain_decodings_tokens_in_float32
         outs = [sm.generate([{"role": "user", "content": p}], max_new_tokens=48, method=method) for p in prompts]
         assert [o.tokens for o in outs] == refs, method
         assert max(o.tau for o in outs) > 1.2, method
+
+
+def test_an_eagle3_head_trains_for_a_hybrid_model_and_drafts_exactly(default_fp32, tmp_path):
+    """Self-distillation (one prompt at a time: a recurrent state would take the left padding in), feature
+    extraction, EAGLE-3 training and decoding with the trained head, on a tiny LFM2 with the default model's
+    tokenizer (a chat template): the distilled answers are the model's greedy ones and the head's decoding is exact."""
+    import json
+
+    from drafttree.heads import load_head_for
+    from drafttree.train.data import extract_features, iter_distilled, read_prompts, self_distill
+    from drafttree.train.head import TrainConfig, train_head
+
+    cfg = AutoConfig.for_model("lfm2", **(BASE | ARCHS["lfm2"] | dict(vocab_size=default_fp32.vocab_size)))
+    cfg.bos_token_id, cfg.eos_token_id, cfg.pad_token_id = 1, 2, 2
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(cfg).eval().requires_grad_(False)
+    lm = LoadedModel(model, default_fp32.tokenizer, "tiny-lfm2-chat", "")
+    texts = ["Name a colour.", "Count to five.", "Say hi."]
+    (tmp_path / "p.jsonl").write_text("\n".join(json.dumps({"id": str(i), "messages": [{"role": "user", "content": t}]})
+                                                for i, t in enumerate(texts)))
+    assert self_distill(lm, read_prompts(tmp_path / "p.jsonl"), tmp_path / "d.jsonl", batch_size=2,
+                        max_new_tokens=12, show_progress=False)["samples"] == 3
+    for rec in iter_distilled(tmp_path / "d.jsonl"):
+        ids = torch.tensor([rec["prompt_ids"]])
+        ref = model.generate(ids, max_new_tokens=12, do_sample=False, eos_token_id=2, pad_token_id=2)[0, ids.shape[1]:]
+        assert rec["response_ids"] == ref.tolist()[: len(rec["response_ids"])]
+    assert extract_features(lm, tmp_path / "d.jsonl", tmp_path / "f", shard_size=4, show_progress=False,
+                            aux_layers=[0, 1, 3])["samples"] == 3
+    train_head(lm, TrainConfig(features=str(tmp_path / "f"), out=str(tmp_path / "run"), epochs=1, batch_tokens=256,
+                               draft_vocab=512, eval_samples=1, eval_every=0, save_every=1, ttt_steps=2, max_steps=2,
+                               mixed_precision="no", warmup_steps=1, head_kind="eagle3"), show_progress=False)
+    head = load_head_for(lm, str(tmp_path / "run" / "head"), required=True)
+    prompt = _prompts()[1] + 100
+    sm = SpeculativeModel(lm, method="eagle2", head=head)
+    out = sm.generate(prompt, max_new_tokens=N, ignore_eos=True)
+    assert out.tokens == _hf_greedy(model, prompt)

@@ -21,10 +21,12 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 from tqdm import tqdm
+from transformers import DynamicCache
 
 from drafttree.cache import GrowingCache, cache_arg
 from drafttree.errors import DraftTreeError
 from drafttree.models import LoadedModel
+from drafttree.target import recurrent_layers
 
 # ---------------------------------------------------------------------------------------------- prompts
 
@@ -109,8 +111,12 @@ def batched_greedy(model, prompts: list[list[int]], max_new_tokens: int, eos: se
     """Greedy answers for a batch of prompts (left padding, in-place cache; finished rows are dropped).
 
     Faster than ``generate`` here: no per-step mask rebuilding beyond the 2-D mask, logits only for the
-    last position, and the batch shrinks as answers end. Each answer ends with its EOS when it has one.
+    last position, and the batch shrinks as answers end. Each answer ends with its EOS when it has one. A model
+    with recurrent layers (chain_target.py) answers one prompt at a time on transformers' own cache: its state
+    would take the left padding in.
     """
+    if recurrent_layers(model) is not None:
+        return [_greedy_alone(model, p, max_new_tokens, eos, device) for p in prompts]
     B = len(prompts)
     width = max(len(p) for p in prompts)
     ids = torch.full((B, width), pad, dtype=torch.long)
@@ -152,6 +158,20 @@ def batched_greedy(model, prompts: list[list[int]], max_new_tokens: int, eos: se
         nxt = out.logits[:, -1].argmax(-1)
         nextpos = nextpos + 1
     return answers
+
+
+@torch.inference_mode()
+def _greedy_alone(model, prompt: list[int], max_new_tokens: int, eos: set[int], device) -> list[int]:
+    cache = DynamicCache(config=model.config)
+    ids = torch.tensor([prompt], device=device)
+    answer: list[int] = []
+    for _ in range(max_new_tokens):
+        out = model(input_ids=ids, use_cache=True, logits_to_keep=1, **{cache_arg(model): cache})
+        answer.append(int(out.logits[0, -1].argmax()))
+        if answer[-1] in eos:
+            break
+        ids = torch.tensor([[answer[-1]]], device=device)
+    return answer
 
 
 def _sampled_answers(model, prompts, max_new_tokens, pad, temperature, seed, device) -> list[list[int]]:
