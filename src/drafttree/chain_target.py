@@ -27,7 +27,7 @@ from transformers import DynamicCache
 from drafttree.cache import cache_arg
 from drafttree.errors import DraftTreeError
 from drafttree.kernels import fast_linears
-from drafttree.target import ForwardOutput, TargetModel, decoder_layers, recurrent_layers
+from drafttree.target import ForwardOutput, TargetModel, forward_catching, recurrent_layers
 
 # transformers' reference scan for these starts every multi-token forward from a zero state ("WRONG if the cache is
 # not empty", its own comment): after the prompt, their layers record past states (as its assisted generation does),
@@ -107,31 +107,15 @@ class ChainTarget(TargetModel):
 
     def _run(self, **kw):
         """The model's own forward (its own causal masks), with the feature layers' inputs caught by pre-hooks."""
-        base = self.base
-        caught: dict[int, torch.Tensor] = {}
-        handles = []
-        if self.feature_layers:
-            layers = decoder_layers(base)
-
-            def catch(i):
-                def hook(module, args, kwargs):
-                    caught[i] = args[0] if args else kwargs["hidden_states"]
-                return hook
-
-            handles = [layers[i].register_forward_pre_hook(catch(i), with_kwargs=True) for i in self.feature_layers]
         try:
             with fast_linears(self.model):
-                out = base(**kw)
+                out, aux = forward_catching(self.base, self.feature_layers, **kw)
         except ValueError as e:  # e.g. MiniMax: "uses cache of its own and is not compatible with ... DynamicCache"
             if "cache" in str(e):
                 kind = getattr(self.config, "model_type", type(self.model).__name__)
                 raise DraftTreeError(f"{kind}: its forward does not take transformers' DynamicCache, which drafttree "
                                      "rolls back between chains; this architecture is not supported") from e
             raise
-        finally:
-            for h in handles:
-                h.remove()
-        aux = torch.cat([caught[i] for i in self.feature_layers], dim=-1) if self.feature_layers else None
         return out, None if aux is None else aux[0]
 
     def _forward(self, ids: list[int] | torch.Tensor, start: int):

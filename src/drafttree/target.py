@@ -170,23 +170,29 @@ def run_with_features(model: torch.nn.Module, feature_layers: list[int] | None, 
         lean = model_forward(base, feature_layers, kw)  # the same steps without the modeling code's per-call work
         if lean is not None:
             return lean
-        if not feature_layers:
-            return base(**kw), None
-        caught: dict[int, torch.Tensor] = {}
+        return forward_catching(base, feature_layers, **kw)
 
-        def catch(i):
-            def hook(module, args, kwargs):
-                caught[i] = args[0] if args else kwargs["hidden_states"]
-            return hook
 
-        layers = decoder_layers(base)
-        handles = [layers[i].register_forward_pre_hook(catch(i), with_kwargs=True) for i in feature_layers]
-        try:
-            out = base(**kw)
-        finally:
-            for h in handles:
-                h.remove()
-        return out, torch.cat([caught[i] for i in feature_layers], dim=-1)
+def forward_catching(base: torch.nn.Module, feature_layers: list[int] | None, **kw):
+    """``base(**kw)`` and, with ``feature_layers``, those decoder layers' inputs side by side, caught by forward
+    pre-hooks (None without)."""
+    if not feature_layers:
+        return base(**kw), None
+    caught: dict[int, torch.Tensor] = {}
+
+    def catch(i):
+        def hook(module, args, kwargs):
+            caught[i] = args[0] if args else kwargs["hidden_states"]
+        return hook
+
+    layers = decoder_layers(base)
+    handles = [layers[i].register_forward_pre_hook(catch(i), with_kwargs=True) for i in feature_layers]
+    try:
+        out = base(**kw)
+    finally:
+        for h in handles:
+            h.remove()
+    return out, torch.cat([caught[i] for i in feature_layers], dim=-1)
 
 
 class CommittedPrefix:
