@@ -8,6 +8,7 @@ import math
 
 import pytest
 import torch
+from test_architectures import IdsTokenizer  # token ids as text, for models without a tokenizer
 from transformers import AutoConfig, AutoModelForCausalLM
 
 from drafttree.api import SpeculativeModel
@@ -30,14 +31,6 @@ ARCHS = {  # a gated delta net (Qwen3.5), short convolutions (LFM2), Mamba-2 mix
     "bloom": dict(n_layer=2, n_head=4),
     "falcon_mamba": dict(state_size=8),  # its scan steps the tokens of a forward (recorded past states)
 }
-
-
-class IdsTokenizer:
-    all_special_ids: list[int] = []
-    eos_token_id = None
-
-    def decode(self, ids, skip_special_tokens=True):
-        return "".join(f"<{int(i)}>" for i in ids)
 
 
 def _model(arch: str) -> torch.nn.Module:
