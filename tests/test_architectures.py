@@ -21,6 +21,11 @@ from drafttree.target import TargetModel
 V, H, L, N = 96, 64, 3, 20
 LLAMA_LIKE = dict(vocab_size=V, hidden_size=H, intermediate_size=2 * H, num_hidden_layers=L, num_attention_heads=4,
                   num_key_value_heads=2, max_position_embeddings=512)
+# Gemma 4's text model: per-layer inputs (a projection of width 8: the small-GEMM kernel's K < one step), the last two
+# layers reusing earlier layers' keys and values
+GEMMA4_TEXT = LLAMA_LIKE | dict(num_hidden_layers=4, head_dim=16, sliding_window=8, vocab_size_per_layer_input=V,
+                                hidden_size_per_layer_input=8, num_global_key_value_heads=2, global_head_dim=16,
+                                num_kv_shared_layers=2, layer_types=["sliding_attention", "full_attention"] * 2)
 ARCHS = {  # model_type: (config values, attention implementation)
     "llama": (LLAMA_LIKE, "sdpa"),
     "llama-eager": (LLAMA_LIKE, "eager"),  # a user's choice: batches attend row by row through the eager function
@@ -43,6 +48,17 @@ ARCHS = {  # model_type: (config values, attention implementation)
                                       first_k_dense_replace=1, n_group=1, topk_group=1), "sdpa"),
     "falcon": (dict(vocab_size=V, hidden_size=H, num_hidden_layers=L, num_attention_heads=4,
                     new_decoder_architecture=False, multi_query=True, alibi=False), "sdpa"),
+    # multimodal wrappers (what `AutoModelForCausalLM` gives for Gemma 3 / 4 checkpoints): their text model runs
+    "gemma3": (dict(text_config=LLAMA_LIKE | dict(head_dim=16, sliding_window=8), mm_tokens_per_image=4,
+                    vision_config=dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                                       num_attention_heads=2, image_size=28, patch_size=14)), "sdpa"),
+    "gemma4": (dict(text_config=GEMMA4_TEXT, audio_config=None, vision_config=dict(
+        hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2)), "sdpa"),
+    # Gemma 3n: per-layer inputs, shared KV layers, streams stacked [streams, B, T, H] between layers (AltUp)
+    "gemma3n_text": (LLAMA_LIKE | dict(
+        num_hidden_layers=6, head_dim=16, sliding_window=8, vocab_size_per_layer_input=V, hidden_size_per_layer_input=8,
+        laurel_rank=8, altup_num_inputs=2, num_kv_shared_layers=2, activation_sparsity_pattern=[0.0] * 6,
+        layer_types=["sliding_attention", "sliding_attention", "full_attention"] * 2), "sdpa"),
 }
 
 
@@ -58,7 +74,8 @@ class IdsTokenizer:
 
 def _model(arch: str, values: dict, attention: str) -> torch.nn.Module:
     cfg = AutoConfig.for_model(arch.removesuffix("-eager"), **values)
-    cfg.bos_token_id, cfg.eos_token_id = 0, None
+    for c in (cfg, cfg.get_text_config()):
+        c.bos_token_id, c.eos_token_id = 0, None
     cfg._attn_implementation = attention
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_config(cfg).eval()

@@ -27,6 +27,7 @@ from transformers import DynamicCache
 from drafttree.cache import cache_arg
 from drafttree.errors import DraftTreeError
 from drafttree.kernels import fast_linears
+from drafttree.models import text_only
 from drafttree.target import ForwardOutput, TargetModel, forward_catching, recurrent_layers
 
 # transformers' reference scan for these starts every multi-token forward from a zero state ("WRONG if the cache is
@@ -50,6 +51,7 @@ def target_for(model: torch.nn.Module, feature_layers: list[int] | None = None,
                keep_prefix: bool = False) -> TargetModel:
     """The verifier for ``model``: trees where its layers take them, chains (:class:`ChainTarget`) for recurrent layers
     and ALiBi (attention of other kinds, judged on no model yet, keeps the tree target's one-line refusal)."""
+    model = text_only(model)
     if recurrent_layers(model) is not None or _alibi(model):
         return ChainTarget(model, feature_layers)
     return TargetModel(model, feature_layers, keep_prefix)

@@ -44,6 +44,9 @@ class LoadedModel:
     name: str
     source: str
 
+    def __post_init__(self) -> None:
+        self.model = text_only(self.model)
+
     @property
     def config(self):
         return self.model.config
@@ -75,6 +78,32 @@ class LoadedModel:
         if getattr(self.tokenizer, "eos_token_id", None) is not None:
             ids.add(int(self.tokenizer.eos_token_id))
         return ids
+
+
+def text_only(model: torch.nn.Module) -> torch.nn.Module:
+    """The text model inside a multimodal wrapper (Gemma 3 / 4: `AutoModelForCausalLM` gives their
+    `...ForConditionalGeneration`), as the model type's own text causal LM sharing the wrapper's weights.
+
+    Prompts here are text, and every part of drafttree reads a text LM's config and layers; the wrapper's text
+    path is its language model and LM head, so the text LM computes the same logits."""
+    from transformers import AutoModelForCausalLM
+
+    language_model = getattr(getattr(model, "model", None), "language_model", None)
+    text_config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
+    if language_model is None or text_config is model.config or model.get_output_embeddings() is None:
+        return model
+    cls = AutoModelForCausalLM._model_mapping.get(type(text_config), None)
+    if cls is None:
+        raise DraftTreeError(f"{model.config.model_type}: a multimodal model whose text model "
+                             f"({text_config.model_type}) has no causal-LM class in transformers")
+    with torch.device("meta"):
+        text = cls(text_config)
+    if type(text.model) is not type(language_model):
+        raise DraftTreeError(f"{model.config.model_type}: its language model is a {type(language_model).__name__}, "
+                             f"not the {type(text.model).__name__} of {cls.__name__}")
+    text.model, text.lm_head = language_model, model.get_output_embeddings()
+    text.generation_config = model.generation_config
+    return text.eval().requires_grad_(False)
 
 
 def resolve_dtype(dtype: str | torch.dtype | None, device: str | torch.device = "cpu") -> torch.dtype:

@@ -19,6 +19,7 @@ from drafttree.cache import GrowingCache, cache_arg
 from drafttree.errors import DraftTreeError
 from drafttree.kernels import fast_linears
 from drafttree.kernels.model_loop import model_forward
+from drafttree.models import text_only
 
 
 @dataclass
@@ -179,10 +180,12 @@ def forward_catching(base: torch.nn.Module, feature_layers: list[int] | None, **
     if not feature_layers:
         return base(**kw), None
     caught: dict[int, torch.Tensor] = {}
+    active = getattr(getattr(base, "config", None), "altup_active_idx", 0)
 
     def catch(i):
         def hook(module, args, kwargs):
-            caught[i] = args[0] if args else kwargs["hidden_states"]
+            x = args[0] if args else kwargs["hidden_states"]
+            caught[i] = x[active] if x.dim() == 4 else x  # Gemma 3n's layers pass [streams, B, T, H]: the active
         return hook
 
     layers = decoder_layers(base)
@@ -263,6 +266,7 @@ class TargetModel:
     chains_only = False  # a tree of any shape verifies in one forward (chain_target.ChainTarget: chains only)
 
     def __init__(self, model: torch.nn.Module, feature_layers: list[int] | None = None, keep_prefix: bool = False):
+        model = text_only(model)
         check_architecture(model, chains=self.chains_only)
         self.model = model
         self.feature_layers = list(feature_layers) if feature_layers else None

@@ -27,6 +27,7 @@ from drafttree.cache import cache_arg
 from drafttree.errors import DraftTreeError
 from drafttree.heads.eagle3_format import VARIANTS, checkpoint_of, default_aux_layers, layer_config_from, write_eagle3
 from drafttree.heads.model import write_checkpoint
+from drafttree.models import text_only
 
 
 class Eagle3Layer(nn.Module):
@@ -68,6 +69,7 @@ class Eagle3Head(nn.Module):
         if bad:
             raise ValueError(f"unknown EAGLE-3 variant(s) {bad}")
         self.variants = {k: bool(variants.get(k, False)) for k in VARIANTS}
+        target_model = text_only(target_model)
         self.config = config if config is not None else layer_config_from(target_model.config)
         self.target_config = target_model.config
         self.target_name = target_name

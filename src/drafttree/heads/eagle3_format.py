@@ -43,6 +43,8 @@ def layer_config_from(config: dict | object) -> LlamaConfig:
     # a target's config by attribute: its attribute map names GPT-2's n_embd / n_head the Llama way
     d = config if isinstance(config, dict) else {k: _attribute(config, k) for k in LAYER_KEYS}
     kw = {k: d[k] for k in LAYER_KEYS if d.get(k) is not None}
+    if isinstance(kw.get("intermediate_size"), (list, tuple)):  # per layer (Gemma 3n): the head's, the widest
+        kw["intermediate_size"] = max(kw["intermediate_size"])
     if "intermediate_size" not in kw and kw.get("hidden_size"):  # GPT-2 style (n_inner unset): 4 x the width
         kw["intermediate_size"] = 4 * kw["hidden_size"]
     if "head_dim" not in kw and kw.get("hidden_size") and kw.get("num_attention_heads"):

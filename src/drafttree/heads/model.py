@@ -29,6 +29,7 @@ from drafttree import kernels
 from drafttree.cache import cache_arg
 from drafttree.errors import DraftTreeError
 from drafttree.kernels.memory import huge_page_copy
+from drafttree.models import text_only
 
 FORMAT = "drafttree-eagle1"
 
@@ -49,6 +50,7 @@ class EagleHead(nn.Module):
     def __init__(self, target_model: nn.Module, num_layers: int = 1, draft_vocab: torch.Tensor | None = None,
                  target_name: str = "", fc_bias: bool = True, intermediate_size: int | None = None):
         super().__init__()
+        target_model = text_only(target_model)
         base = target_model.base_model
         if not isinstance(getattr(base, "layers", None), nn.ModuleList) or not hasattr(base, "rotary_emb"):
             raise DraftTreeError(f"an EAGLE-1 head is built from its target's own decoder layer and rotary embedding "

@@ -168,7 +168,8 @@ void rows_times_cols(const T* x, int64_t M, const T* w, int64_t K, float* out, i
   auto left = [&](int64_t c) { return next == nullptr ? int64_t{0} : lines - c * iters * ppi; };
   if constexpr (DOT) {
     if (M <= DOT_ONE_TILE) {  // one tile: 5 or 6 rows as 4 + 1 or 4 + 2 measured 25% slower
-      last_rows<T, DOT_ONE_TILE, C, DOT>(M, x, w, K, out, N, next, next == nullptr ? 0 : (lines + iters - 1) / iters,
+      last_rows<T, DOT_ONE_TILE, C, DOT>(M, x, w, K, out, N, next,
+                                         next == nullptr || iters == 0 ? 0 : (lines + iters - 1) / iters,
                                          lines);
       return;
     }

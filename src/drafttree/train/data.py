@@ -26,7 +26,7 @@ from transformers import DynamicCache
 from drafttree.cache import GrowingCache, cache_arg
 from drafttree.errors import DraftTreeError
 from drafttree.models import LoadedModel
-from drafttree.target import recurrent_layers
+from drafttree.target import forward_catching, recurrent_layers
 
 # ---------------------------------------------------------------------------------------------- prompts
 
@@ -398,10 +398,9 @@ def extract_features(
             for r, j in enumerate(group):
                 ids[r, : len(seqs[j])] = torch.tensor(seqs[j])
             with torch.inference_mode():
-                out = base(input_ids=ids.to(target.device), use_cache=False,
-                           output_hidden_states=aux_layers is not None)
+                # the layers' inputs caught as decoding catches them (Gemma 3n's stacked streams: the active one)
+                out, aux = forward_catching(base, aux_layers, input_ids=ids.to(target.device), use_cache=False)
                 hidden = out.last_hidden_state
-                aux = None if aux_layers is None else torch.cat([out.hidden_states[i] for i in aux_layers], -1)
             for r, j in enumerate(group):
                 feats[j] = hidden[r, : len(seqs[j])].to(torch.bfloat16).cpu()
                 if aux is not None:
