@@ -48,6 +48,9 @@ ARCHS = {  # model_type: (config values, attention implementation)
                                       first_k_dense_replace=1, n_group=1, topk_group=1), "sdpa"),
     "falcon": (dict(vocab_size=V, hidden_size=H, num_hidden_layers=L, num_attention_heads=4,
                     new_decoder_architecture=False, multi_query=True, alibi=False), "sdpa"),
+    # two layers (an EAGLE-3 head's default layers 2, L/2, L-3 kept in range), local attention every other layer
+    "gpt_neo": (dict(vocab_size=V, hidden_size=H, num_layers=2, num_heads=4, max_position_embeddings=512,
+                     attention_types=[[["global", "local"], 1]], window_size=8), "eager"),
     # multimodal wrappers (what `AutoModelForCausalLM` gives for Gemma 3 / 4 checkpoints): their text model runs
     "gemma3": (dict(text_config=LLAMA_LIKE | dict(head_dim=16, sliding_window=8), mm_tokens_per_image=4,
                     vision_config=dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1,

@@ -286,9 +286,11 @@ def cmd_data(args) -> int:
         print(json.dumps(stats))
         return 0
     if args.stage == "features":
+        from drafttree.target import layer_count
+
         lm = load_model(args.model, dtype=args.dtype, device=args.device)
         stats = D.extract_features(lm, args.distilled, args.out, shard_size=args.shard_size,
-                                   aux_layers=_aux_layers(args.aux_layers, lm.model.config.num_hidden_layers))
+                                   aux_layers=_aux_layers(args.aux_layers, layer_count(lm.model)))
         print(json.dumps(stats))
         return 0
     raise DraftTreeError(f"unknown data stage {args.stage!r}")

@@ -163,6 +163,12 @@ def decoder_layers(base: torch.nn.Module) -> torch.nn.ModuleList:
     raise DraftTreeError(f"cannot find the {n} decoder layers of {type(base).__name__} (features need them)")
 
 
+def layer_count(model: torch.nn.Module) -> int:
+    """How many decoder layers a causal LM's features can be caught at (the module list's length: LongCat-Flash's
+    config counts each layer's two attention blocks)."""
+    return len(decoder_layers(model.base_model))
+
+
 def run_with_features(model: torch.nn.Module, feature_layers: list[int] | None, **kw):
     """``model.base_model(**kw)`` with grouped tree attention; with ``feature_layers``, also the inputs of those
     decoder layers side by side ([B, n, k * hidden], caught by forward pre-hooks: no forked modeling code)."""

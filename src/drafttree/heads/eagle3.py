@@ -28,6 +28,7 @@ from drafttree.errors import DraftTreeError
 from drafttree.heads.eagle3_format import VARIANTS, checkpoint_of, default_aux_layers, layer_config_from, write_eagle3
 from drafttree.heads.model import write_checkpoint
 from drafttree.models import text_only
+from drafttree.target import layer_count
 
 
 class Eagle3Layer(nn.Module):
@@ -73,7 +74,7 @@ class Eagle3Head(nn.Module):
         self.config = config if config is not None else layer_config_from(target_model.config)
         self.target_config = target_model.config
         self.target_name = target_name
-        n = target_model.config.num_hidden_layers
+        n = layer_count(target_model)
         self.aux_layers = list(aux_layers) if aux_layers is not None else default_aux_layers(n)
         if len(self.aux_layers) < 2:  # the fused width (k x H) is how a step tells target features from its own
             raise DraftTreeError(f"an EAGLE-3 head fuses at least 2 target layers, got {self.aux_layers}")

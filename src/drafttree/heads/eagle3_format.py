@@ -26,8 +26,8 @@ LAYER_KEYS = ("hidden_size", "intermediate_size", "num_attention_heads", "num_ke
 
 
 def default_aux_layers(num_layers: int) -> list[int]:
-    """Inputs of layers 2, L/2 and L-3 (EAGLE-3's and vLLM's default)."""
-    return [2, num_layers // 2, num_layers - 3]
+    """Inputs of layers 2, L/2 and L-3 (EAGLE-3's and vLLM's default), kept in range for models of under 3 layers."""
+    return [min(max(i, 0), num_layers - 1) for i in (2, num_layers // 2, num_layers - 3)]
 
 
 def _attribute(config: object, key: str):

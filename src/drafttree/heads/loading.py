@@ -28,6 +28,7 @@ from drafttree.heads.eagle3 import Eagle3Head, default_aux_layers, layer_config_
 from drafttree.heads.eagle3_format import read_eagle3
 from drafttree.heads.model import EagleHead
 from drafttree.kernels.memory import move_to_huge_pages
+from drafttree.target import layer_count
 
 WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")
 
@@ -163,7 +164,7 @@ def _load_eagle3(path, cfg: dict, state: dict, target, layout: str) -> Eagle3Hea
     _drop_embedding(path, state, target)
     rows = state["lm_head.weight"].shape[0] if "lm_head.weight" in state else None
     draft_vocab = _draft_vocab(path, state, rows, target)
-    n = tcfg.num_hidden_layers
+    n = layer_count(target.model)
     aux = ck.aux_layers if ck.aux_layers is not None else default_aux_layers(n)
     if any(not isinstance(i, int) or not 0 <= i < n for i in aux):
         raise DraftTreeError(f"head {path}: aux hidden-state layers {aux} are out of range for {target.name} "

@@ -26,7 +26,7 @@ from transformers import DynamicCache
 from drafttree.cache import GrowingCache, cache_arg
 from drafttree.errors import DraftTreeError
 from drafttree.models import LoadedModel
-from drafttree.target import forward_catching, recurrent_layers
+from drafttree.target import forward_catching, layer_count, recurrent_layers
 
 # ---------------------------------------------------------------------------------------------- prompts
 
@@ -334,7 +334,7 @@ def extract_features(
     out_dir.mkdir(parents=True, exist_ok=True)
     man_path = out_dir / "manifest.json"
     sig = target_signature(target)
-    n_layers = target.model.config.num_hidden_layers
+    n_layers = layer_count(target.model)
     if aux_layers is not None and (not aux_layers or any(not 0 <= i < n_layers for i in aux_layers)):
         raise DraftTreeError(f"aux layers {aux_layers} out of range for {target.name} ({n_layers} layers)")
     manifest = {"format": "drafttree-features-v1", "target": sig, "feature": "last_hidden_state_post_norm",
