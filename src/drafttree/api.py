@@ -370,7 +370,7 @@ class SpeculativeModel:
         method = self._resolve_method(method or self.method)
         options = method_options if method_options is not None else (
             self.method_options if method == self.method else {})
-        if self._runner.chains_only:  # recurrent layers verify one chain at a time: the prompts decode one by one
+        if self.one_at_a_time:  # the prompts decode one by one
             yield from self._one_by_one(ids, seed, options, max_new_tokens, temperature, top_p, top_k, stop, chat,
                                         method, logprobs, stop_token_ids, ignore_eos, include_stop, min_p,
                                         presence_penalty, frequency_penalty, repetition_penalty, logit_bias,
@@ -453,15 +453,21 @@ class SpeculativeModel:
         return self._batch_target
 
     @property
+    def one_at_a_time(self) -> bool:
+        """Whether sequences decode one after another, never packed in a batch: recurrent layers verify one chain at
+        a time (chain_target.py), and a Gemma 4 assistant attends to one sequence's keys (heads/assistant.py)."""
+        return self._runner.chains_only or getattr(self.head, "kind", "") == "assistant"
+
+    @property
     def max_positions(self) -> int:
         """The context window, in tokens (prompt and output together), of what serves batches: the batched target's,
         or the single-sequence one's for a target that verifies chains only."""
-        return self._runner.max_positions if self._runner.chains_only else self.batch_target().max_positions
+        return self._runner.max_positions if self.one_at_a_time else self.batch_target().max_positions
 
     def batch_decoder(self):
         """A fresh batched decode loop over this target (the server's scheduler feeds one): rows packed into one
         forward, or one sequence at a time for a target that verifies chains only (batching/one_by_one.py)."""
-        if self._runner.chains_only:
+        if self.one_at_a_time:
             from drafttree.batching.one_by_one import OneByOneDecoder
 
             return OneByOneDecoder(self._runner)

@@ -113,7 +113,8 @@ def decode(
             return
         watch.resume()
         max_depth = min(max_new_tokens - stats.new_tokens - 1, target.max_positions - target.length - 2)
-        req = DraftRequest(context, root, max(0, max_depth), sampling, noise, chain=target.chains_only)
+        req = DraftRequest(context, root, max(0, max_depth), sampling, noise, chain=target.chains_only,
+                           target=target)
         tree = drafter.propose(req).to(target.device)  # draft
         if target.chains_only:  # recurrent layers verify a chain, not a tree (chain_target.py)
             tree = tree.first_chain()

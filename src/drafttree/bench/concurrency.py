@@ -81,6 +81,9 @@ def run_conversations(sm, convs: list[list[str]], spec: str, max_new_tokens: int
 
     lm, method, options = model_for(sm, spec, cached)
     method = lm._resolve_method(method)
+    if getattr(lm.head, "kind", "") == "assistant":
+        raise DraftTreeError("the concurrency benchmark packs sequences into rows; a Gemma 4 assistant drafts for one "
+                             "sequence at a time (the server serves its requests one after another)")
     dec = BatchDecoder(lm.batch_target(), lm.verify_cost(), lm.batch_policy, prefill_chunk=lm.prefill_chunk)
     max_batch = min(max_batch, dec.target.max_rows or max_batch)  # one at a time where packed rows cannot attend
     messages: list[list[dict]] = [[] for _ in convs]

@@ -29,6 +29,9 @@ class DraftRequest:
     # the target verifies chains only (chain_target.py): a drafter that ranks its nodes proposes its best chain (the
     # decode loop takes any other tree's first chain)
     chain: bool = False
+    # the target verifying this sequence (target.TargetModel; None in a batch): drafters that attend to its committed
+    # keys and values (Gemma 4's assistants) read them here
+    target: object | None = None
 
     @property
     def root_pos(self) -> int:

@@ -16,6 +16,7 @@ import torch
 from drafttree.attention import grouped_attention
 from drafttree.budget import BudgetRounds, TreeBudget, check_prune_rule, cost_model_for
 from drafttree.cache import GrowingCache
+from drafttree.drafters.assistant import AssistantState
 from drafttree.drafters.base import Drafter, DraftRequest
 from drafttree.drafters.length_policies import (
     ConfidenceStop,
@@ -158,6 +159,11 @@ class EagleState:
         return out
 
 
+def state_for(head) -> EagleState | AssistantState:
+    """The tree stepper of ``head``: an EAGLE head's cached state, or a Gemma 4 assistant's (no cache of its own)."""
+    return AssistantState(head) if getattr(head, "kind", "eagle") == "assistant" else EagleState(head)
+
+
 # -- shapes: how a round's draft grows from the head ----------------------------------------------------------
 
 
@@ -237,11 +243,11 @@ class EagleDrafter(Drafter):
 
     def __init__(self, head: EagleHead, shape, length: LengthPolicy, name: str = "eagle"):
         self.head, self.shape, self.length, self.name = head, shape, length, name
-        self.state = EagleState(head)
+        self.state = state_for(head)
         self._last: LastToken | None = None  # (token, feature) of the last token the target validated
 
     def begin(self, prompt: torch.Tensor, prefill_features: torch.Tensor, root: int) -> None:
-        self.state = EagleState(self.head)
+        self.state = state_for(self.head)
         self.shape.begin()
         ids = prompt.reshape(-1).tolist()
         self._last = (ids[-1], prefill_features[-1])
@@ -252,6 +258,8 @@ class EagleDrafter(Drafter):
         depth = min(depth, req.max_depth)
         if depth <= 0:
             return DraftTree.root_only(req.root)
+        if isinstance(self.state, AssistantState):
+            self.state.attach(req.target)
         return self.shape.grow(self, req, depth, stop)
 
     def verified(self, tokens: int, context: int, seconds: float) -> None:
@@ -281,8 +289,9 @@ CHAIN_MAX = 8  # k_max of the adaptive chain policies
 
 def _predictor(head: EagleHead, o: EagleOptions) -> LengthPredictor:
     if getattr(head, "kind", "eagle") != "eagle":
+        kind = "Gemma 4 assistant" if head.kind == "assistant" else "EAGLE-3 head"
         raise DraftTreeError("the AdaEAGLE length predictor reads the target's last hidden state: it works with "
-                             "EAGLE-1/2 heads, not with this EAGLE-3 head")
+                             f"EAGLE-1/2 heads, not with this {kind}")
     if o.ldlp is not None:
         return LengthPredictor(head, o.ldlp)
     from drafttree.heads.length import load_length_predictor

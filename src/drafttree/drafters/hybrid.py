@@ -293,7 +293,7 @@ class HybridDrafter(Drafter):
         """The round's tree from every source that may run; ``cheap``: the first (free) source alone, proposing only
         where its best first token is estimated at least that likely (a closed greedy draft gate)."""
         bar = self._bar(req.cost) if cheap is None else cheap
-        rc = RoundContext(req.context, req.root, req.max_depth, req.sampling, [], bar, req.noise)
+        rc = RoundContext(req.context, req.root, req.max_depth, req.sampling, [], bar, req.noise, req.target)
         limit = self.total_tokens if self.total_tokens is not None else self.budget.max_total
         merged = MergedTree(req.root)
         ran: list[tuple[int, int, float, float]] = []  # (source, situation, cost, extra) of costly sources that ran

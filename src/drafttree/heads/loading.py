@@ -24,6 +24,7 @@ import torch
 from safetensors.torch import load_file
 
 from drafttree.errors import DraftTreeError
+from drafttree.heads.assistant import is_assistant, load_assistant
 from drafttree.heads.eagle3 import Eagle3Head, default_aux_layers, layer_config_from
 from drafttree.heads.eagle3_format import read_eagle3
 from drafttree.heads.model import EagleHead
@@ -76,6 +77,8 @@ def head_layout(cfg: dict, keys) -> str:
 def load_head(path: str | Path, target, dtype: torch.dtype | None = None):
     """Load a head for ``target`` (a LoadedModel), refusing one that does not fit it; in the target's dtype
     unless ``dtype`` says otherwise (training continues a head in float32)."""
+    if is_assistant(path):  # Gemma 4's drafters: a model of their own, read by transformers
+        return load_assistant(path, target)
     cfg = read_head_config(path)
     state = read_weights(path)
     state = {k.removeprefix("model."): v for k, v in state.items()}  # vLLM-style prefixes

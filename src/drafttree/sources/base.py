@@ -175,6 +175,7 @@ class RoundContext:
     # no tree whose best first node is estimated below this can pay this round (a batch's bar); 0: no bar
     min_accept: float = 0.0
     noise: Noise | None = None  # the generation's noise: model sources draft through it at T > 0
+    target: object | None = None  # the request's target (DraftRequest.target)
 
     @property
     def root_pos(self) -> int:

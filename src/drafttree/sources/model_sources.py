@@ -235,6 +235,30 @@ class HeadSource(ExpandingSource):
         return self.state
 
 
+class AssistantSource(ExpandingSource):
+    """A Gemma 4 assistant (heads/assistant.py) drafting from the target's hidden state and keys and values."""
+
+    name = "head"
+
+    def __init__(self, head, **kw):
+        super().__init__(**kw)
+        from drafttree.drafters.assistant import AssistantState
+
+        self.head = head
+        self.state = AssistantState(head)
+        self.cost = head.level_cost()  # one level reads the assistant's weights
+
+    def begin(self, prompt: torch.Tensor, prefill_features: torch.Tensor, root: int) -> None:
+        self.state.encode(prefill_features, prompt.reshape(-1).tolist()[1:] + [root], 0)
+
+    def observe(self, committed: list[int], features: torch.Tensor, next_root: int) -> None:
+        self.state.encode(features, committed[1:] + [next_root], self.state.root_pos)
+
+    def _stepper(self, rc: RoundContext):
+        self.state.attach(rc.target)
+        return self.state
+
+
 class DraftLMSource(ExpandingSource):
     """A small LM sharing the target's tokenizer, drafting a top-k tree with tree attention."""
 
