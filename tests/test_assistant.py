@@ -39,10 +39,10 @@ def _target() -> torch.nn.Module:
     return model
 
 
-def _assistant(backbone: int = H, ordered: bool = False) -> torch.nn.Module:
+def _assistant(backbone: int = H, ordered: bool = False, **sizes) -> torch.nn.Module:
     text = dict(TEXT, num_hidden_layers=2, hidden_size=32, intermediate_size=64, vocab_size_per_layer_input=0,
                 hidden_size_per_layer_input=0, num_kv_shared_layers=2, layer_types=["sliding_attention",
-                                                                                    "full_attention"])
+                                                                                    "full_attention"]) | sizes
     cfg = Gemma4AssistantConfig(text_config=text, backbone_hidden_size=backbone, use_ordered_embeddings=ordered,
                                 num_centroids=8, centroid_intermediate_top_k=2)
     torch.manual_seed(1)
@@ -148,6 +148,10 @@ def test_an_assistant_that_does_not_fit_its_target_gets_one_line(loaded, tmp_pat
     _assistant(backbone=2 * H).save_pretrained(tmp_path / "wide")
     with pytest.raises(DraftTreeError, match="backbone hidden size 128 vs target 64") as e:
         load_head(tmp_path / "wide", loaded)
+    assert "\n" not in str(e.value)
+    _assistant(head_dim=8, global_head_dim=8).save_pretrained(tmp_path / "narrow")
+    with pytest.raises(DraftTreeError, match="reads keys 16 wide in 2 heads from target layer 0, not 8 wide") as e:
+        load_head(tmp_path / "narrow", loaded)
     assert "\n" not in str(e.value)
     cfg = AutoConfig.for_model("llama", vocab_size=V, hidden_size=H, intermediate_size=2 * H, num_hidden_layers=2,
                                num_attention_heads=4, num_key_value_heads=2)

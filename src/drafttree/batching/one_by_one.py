@@ -65,8 +65,8 @@ class OneByOneDecoder:
     @torch.inference_mode()
     def add(self, seq: Sequence) -> list[int]:
         if self.active:
-            raise DraftTreeError("this model decodes 1 prompt(s) at a time (its layers verify chains, one sequence "
-                                 "at a time)")
+            raise DraftTreeError("this model decodes 1 prompt(s) at a time (recurrent layers verify chains, and a "
+                                 "Gemma 4 assistant drafts, for one sequence at a time)")
         self._steps = decode(self.single, seq.drafter, seq.prompt_ids, seq.sampling, seq.max_new_tokens, seq.eos_ids,
                              seq.generator, seq.stats, logprobs=seq.logprobs)
         try:

@@ -57,6 +57,9 @@ def interleaved_conversations(tasks: list[str], n: int, turns: int, data_dir=Non
 def model_for(sm, spec: str, cached: dict):
     """(the model that serves ``spec``, its method and options): ``prefix_cache=true`` is a model of its own over the
     same weights whose batches keep finished rows' states (``cached`` holds it once made)."""
+    if getattr(sm.head, "kind", "") == "assistant":
+        raise DraftTreeError("the concurrency benchmark packs sequences into rows; with a Gemma 4 assistant loaded "
+                             "sequences decode one after another (it drafts for one at a time)")
     method, options = parse_method(spec)
     cache = options.pop("prefix_cache", False)
     if cache not in (True, False):
@@ -81,9 +84,6 @@ def run_conversations(sm, convs: list[list[str]], spec: str, max_new_tokens: int
 
     lm, method, options = model_for(sm, spec, cached)
     method = lm._resolve_method(method)
-    if getattr(lm.head, "kind", "") == "assistant":
-        raise DraftTreeError("the concurrency benchmark packs sequences into rows; a Gemma 4 assistant drafts for one "
-                             "sequence at a time (the server serves its requests one after another)")
     dec = BatchDecoder(lm.batch_target(), lm.verify_cost(), lm.batch_policy, prefill_chunk=lm.prefill_chunk)
     max_batch = min(max_batch, dec.target.max_rows or max_batch)  # one at a time where packed rows cannot attend
     messages: list[list[dict]] = [[] for _ in convs]

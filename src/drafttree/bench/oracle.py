@@ -57,6 +57,8 @@ class OracleChainDrafter(Drafter):
         def wrong(toks: list[int], cum: float) -> bool:  # stop at the first token the target rejects
             return toks[-1] != ref[start + len(toks) - 1]
 
+        if hasattr(self.inner.state, "attach"):  # a Gemma 4 assistant reads the target's keys each round
+            self.inner.state.attach(req.target)
         tree = grow_chain(self.inner.state, req.root, depth, stop=wrong)
         toks = tree.tokens[1:].tolist()
         req.info["drafted"] = len(toks)

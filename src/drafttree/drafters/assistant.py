@@ -32,6 +32,7 @@ class AssistantState:
         self.root = int(next_ids[-1])
         self.root_pos = start + len(next_ids)
         self._root = None
+        self.kv = {}  # last round's views: the target's cache may have moved since (they would keep it alive)
 
     def attach(self, target) -> None:
         """Read the target's committed keys and values for this round's steps (views: nothing is copied)."""
@@ -39,8 +40,14 @@ class AssistantState:
             raise DraftTreeError("a Gemma 4 assistant drafts from its target's keys and values: one sequence at a time "
                                  "(a batch of rows has none to lend it)")
         n = target.length
-        self.kv = {t: (target.cache.layers[i].keys[..., :n, :], target.cache.layers[i].values[..., :n, :])
-                   for t, i in self.head.kv_layers.items()}
+        if n != self.root_pos:
+            raise RuntimeError(f"the assistant's root is at position {self.root_pos}, the target holds {n} tokens")
+        self.kv = {}
+        for t, i in self.head.kv_layers.items():
+            layer = target.cache.layers[i]
+            # sliding layers: a superset of the keys the assistant's window reads (its mask picks them from the end)
+            first = 0 if t != "sliding_attention" else max(0, n - 2 * self.head.window - 2)
+            self.kv[t] = (layer.keys[..., first:n, :], layer.values[..., first:n, :])
         self.slots = []
 
     def root_logprobs(self) -> torch.Tensor:

@@ -39,6 +39,29 @@ def shared_kv_layers(config) -> dict[str, int]:
     return {t: max(i for i in range(first_shared) if types[i] == t) for t in set(types[:first_shared])}
 
 
+def _streamed_params(model: nn.Module) -> int:
+    """Parameters a forward reads whole: all but lookup tables (Gemma 4's per-layer embeddings are most of an E2B's
+    parameters, a few rows of them read per token), the output embedding counted even where tied to the input's."""
+    out = model.get_output_embeddings()
+    lookups = {id(m.weight) for m in model.modules() if isinstance(m, nn.Embedding)} - {id(getattr(out, "weight", 0))}
+    return sum(p.numel() for p in model.parameters() if id(p) not in lookups)
+
+
+def _key_shape_misfits(assistant: nn.Module, target_model: nn.Module, kv_layers: dict[str, int]) -> list[str]:
+    """Each assistant layer's key width and head count against the target layer it reads (Gemma 4 attention)."""
+    types = assistant.config.get_text_config().layer_types
+    problems = []
+    for i, layer in enumerate(assistant.model.layers):
+        mine = layer.self_attn
+        theirs = target_model.base_model.layers[kv_layers[types[i]]].self_attn
+        want = (getattr(theirs, "head_dim", None), getattr(getattr(theirs, "k_proj", None), "out_features", None))
+        if None in want or mine.head_dim != want[0] or mine.config.num_attention_heads % (want[1] // want[0]):
+            problems.append(f"layer {i} ({types[i]}) reads keys {want[0]} wide in {want[1] // (want[0] or 1)} heads "
+                            f"from target layer {kv_layers[types[i]]}, not {mine.head_dim} wide")
+            break
+    return problems
+
+
 class AssistantHead(nn.Module):
     """A Gemma 4 assistant drafting for ``target_model`` (drafters/assistant.py steps it through a tree)."""
 
@@ -60,11 +83,14 @@ class AssistantHead(nn.Module):
         if missing:
             problems.append(f"its layers attend to the target's {' and '.join(missing)} layers' keys, which the "
                             f"target ({tcfg.model_type}) does not have")
+        else:
+            problems += _key_shape_misfits(assistant, target_model, self.kv_layers)
         if problems:
             raise DraftTreeError(f"{where} does not fit its target: " + "; ".join(problems))
         self.assistant = assistant
         self.embed = target_model.get_input_embeddings()  # the target's (Gemma's scaled) embedding table
-        self.target_params = sum(p.numel() for p in target_model.parameters())
+        self.target_params = _streamed_params(target_model)
+        self.window = int(getattr(text, "sliding_window", None) or 0)
 
     @property
     def fc(self) -> nn.Linear:  # where the drafters look for the head's device and dtype
@@ -72,7 +98,7 @@ class AssistantHead(nn.Module):
 
     def level_cost(self) -> float:
         """One draft level's cost in target forwards: the bytes it reads over the target's (a model, as for heads)."""
-        return sum(p.numel() for p in self.assistant.parameters()) / max(1, self.target_params)
+        return _streamed_params(self.assistant) / max(1, self.target_params)
 
     @torch.inference_mode()
     def step(self, tokens: torch.Tensor, hidden: torch.Tensor, position: int,
@@ -80,6 +106,8 @@ class AssistantHead(nn.Module):
         """Draft logits [n, V] and projected states [n, H] for ``n`` nodes (``tokens`` [n] after ``hidden`` [n, H])
         at sequence ``position``, attending to the target's keys and values ``kv`` ([1, heads, T, dim] per type)."""
         a = self.assistant
+        if not kv:
+            raise DraftTreeError("a Gemma 4 assistant drafts from its target's keys and values: none were attached")
         n = tokens.numel()
         emb = torch.cat([self.embed(tokens.reshape(n, 1)), hidden.reshape(n, 1, -1).to(self.fc.weight.dtype)], -1)
         x = a.pre_projection(emb)
@@ -103,7 +131,7 @@ def load_assistant(path: str | Path, target) -> AssistantHead:
 
     try:
         model = AutoModelForCausalLM.from_pretrained(str(path), dtype=target.dtype)
-    except (OSError, ValueError, KeyError) as e:
+    except Exception as e:  # a missing file, an unknown layout, a truncated tensor: whatever transformers raises
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise DraftTreeError(f"could not load the assistant {path}: {first}") from None
     head = AssistantHead(model.to(target.device).eval().requires_grad_(False), target.model, f"assistant {path}")

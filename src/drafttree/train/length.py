@@ -146,6 +146,9 @@ def cmd_train_length(args) -> int:
         raise DraftTreeError("--k-max, --lam, --epochs and --batch-tokens must be > 0")
     target = load_model(args.model, dtype=args.dtype, device=args.device)
     head = load_head_for(target, args.head, required=True)
+    if head.kind == "assistant":
+        raise DraftTreeError(f"{head.path} is a Gemma 4 assistant: the AdaEAGLE length predictor reads an EAGLE-1/2 "
+                             "head's states")
     out = args.out or str(head.path)
     report = train_length_predictor(target, head, args.features, out, k_max=args.k_max, lam=args.lam,
                                     epochs=args.epochs, lr=args.lr, max_samples=args.max_samples,
