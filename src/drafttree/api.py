@@ -101,9 +101,10 @@ class SpeculativeModel:
         if needs == "draft" and not draft_model:
             raise DraftTreeError(f"method {method!r} needs a draft model (draft_model=... / --draft-model)")
         if head and head != "auto":
-            head = str(Path(head).expanduser())
-            if not Path(head).exists():
-                raise DraftTreeError(f"head not found: {head}")
+            if head != "mtp":  # mtp: the MTP layer in the model's own checkpoint
+                head = str(Path(head).expanduser())
+                if not Path(head).exists():
+                    raise DraftTreeError(f"head not found: {head}")
             if needs not in ("head", "model", "any"):
                 raise DraftTreeError(f"method {method!r} does not use an EAGLE head: leave out head=/--head, or "
                                      "load with a method that drafts with it (auto, hybrid, eagle2, ...)")

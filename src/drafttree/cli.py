@@ -341,7 +341,8 @@ def build_parser() -> argparse.ArgumentParser:
     _add_model_args(g)
     g.add_argument("--method", default="auto", help=f"auto or one of: {', '.join(METHODS)}")
     g.add_argument("--draft-model", default=None, help="draft LM for --method draft (same tokenizer)")
-    g.add_argument("--head", default=None, help="EAGLE head directory (default: the one shipped for the model)")
+    g.add_argument("--head", default=None, help="EAGLE head directory, or mtp: the MTP layer in the model's own "
+                   "checkpoint (default: the head shipped for the model, else that MTP layer)")
     g.add_argument("--temperature", type=float, default=0.0)
     g.add_argument("--top-p", type=float, default=1.0)
     g.add_argument("--top-k", type=int, default=0, help="target sampling top-k (0 = off)")

@@ -93,7 +93,8 @@ def add_parser(sub) -> None:
     b.add_argument("--quick", action="store_true", help="smoke test: 2 prompts/task, 32 new tokens, 1 repeat")
     b.add_argument("--model", default=None, help="target (default smollm2-135m-instruct)")
     b.add_argument("--draft-model", default=None, help="draft LM for draft / hf-assisted (same tokenizer)")
-    b.add_argument("--head", default=None, help="EAGLE head: auto (the shipped one), none, or a directory")
+    b.add_argument("--head", default=None, help="EAGLE head: auto (the shipped one, else the model's own MTP "
+                   "layer), none, mtp, or a directory")
     b.add_argument("--methods", action="append", default=None,
                    help=f"comma-separated; ours: {', '.join(METHODS)}; measurement only: {', '.join(BENCH_METHODS)}; "
                         f"Hugging Face: {', '.join(HF_METHODS)}")

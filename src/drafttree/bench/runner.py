@@ -150,7 +150,7 @@ class BenchRunner:
                     raise
                 self.note(f"the shipped head does not load: {e}")
             if head is not None:
-                self.head_path = str(shipped_head_dir(target.name) if cfg.head == "auto" else cfg.head)
+                self.head_path = str(getattr(head, "path", None) or shipped_head_dir(target.name) or cfg.head)
         if head is None:
             why = ("no head (--head none)" if not cfg.head else
                    f"no EAGLE head ships for {target.name!r} (train one and pass --head DIR)" if cfg.head == "auto"

@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 
 from drafttree.errors import DraftTreeError
 from drafttree.heads.eagle3 import Eagle3Head
 from drafttree.heads.loading import load_head, read_head_config
 from drafttree.heads.model import EagleHead
+from drafttree.heads.mtp import find_mtp
+
+MTP = "mtp"  # --head mtp: the target's own MTP layer
 
 ASSETS = Path(__file__).resolve().parent.parent / "assets" / "heads"
 
@@ -18,16 +22,33 @@ def shipped_head_dir(target_name: str) -> Path | None:
 
 
 def load_head_for(target, path: str | None = None, required: bool = False) -> EagleHead | Eagle3Head | None:
-    """The head at ``path``, or the one shipped for ``target`` when ``path`` is None (None if none ships)."""
+    """The head at ``path``; ``"mtp"``: the MTP layer in the target's own checkpoint; None: the head shipped for
+    ``target``, else its checkpoint's MTP layer if it has one (None when neither exists)."""
+    if path == MTP:
+        return load_head(_own_checkpoint(target), target)
     if path is None:
         d = shipped_head_dir(target.name)
         if d is None:
+            own = Path(target.source) if target.source and Path(target.source).is_dir() else None
+            if own is not None and find_mtp(own) is not None:
+                try:
+                    return load_head(own, target)
+                except DraftTreeError as e:  # the model decodes without it: say why, lose nothing
+                    warnings.warn(f"drafting without the checkpoint's MTP layer: {e}", stacklevel=2)
             if required:
                 raise DraftTreeError(f"no EAGLE head ships for {target.name!r}; train one (drafttree train) "
                                      "and pass --head DIR")
             return None
         path = d
     return load_head(path, target)
+
+
+def _own_checkpoint(target) -> Path:
+    own = Path(target.source) if target.source else None
+    if own is None or not own.is_dir() or find_mtp(own) is None:
+        raise DraftTreeError(f"--head mtp: {target.name!r} was not loaded from a checkpoint directory with a "
+                             "multi-token-prediction layer")
+    return own
 
 
 __all__ = ["Eagle3Head", "EagleHead", "load_head", "load_head_for", "read_head_config", "shipped_head_dir"]

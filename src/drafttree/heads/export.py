@@ -25,6 +25,7 @@ from drafttree.errors import DraftTreeError
 from drafttree.heads.assistant import MODEL_TYPES as ASSISTANT_TYPES
 from drafttree.heads.eagle3_format import read_eagle3, write_eagle3
 from drafttree.heads.loading import head_layout, read_head_config, read_weights
+from drafttree.heads.mtp import find_mtp
 
 FORMATS = ("sglang", "vllm", "eagle", "speculators")
 LLAMA_LIKE = {"llama", "mistral", "qwen2"}
@@ -64,6 +65,9 @@ def export_eagle3(head_dir, cfg: dict, state: dict, layout: str, out: Path, fmt:
 def export_head(head_dir: str | Path, out_dir: str | Path, fmt: str) -> dict:
     if fmt not in FORMATS:
         raise DraftTreeError(f"unknown export format {fmt!r}; choose one of {', '.join(FORMATS)}")
+    if find_mtp(head_dir) is not None:
+        raise DraftTreeError(f"{head_dir} is a model with its own MTP layer, which vLLM and SGLang read from the "
+                             "model's checkpoint as it is: nothing to export")
     cfg = read_head_config(head_dir)
     if cfg.get("model_type") in ASSISTANT_TYPES:
         raise DraftTreeError(f"{head_dir} is a Gemma 4 assistant, a transformers model that vLLM and SGLang read as "

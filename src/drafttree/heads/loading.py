@@ -28,6 +28,7 @@ from drafttree.heads.assistant import is_assistant, load_assistant
 from drafttree.heads.eagle3 import Eagle3Head, default_aux_layers, layer_config_from
 from drafttree.heads.eagle3_format import read_eagle3
 from drafttree.heads.model import EagleHead
+from drafttree.heads.mtp import find_mtp, load_mtp
 from drafttree.kernels.memory import move_to_huge_pages
 from drafttree.target import layer_count
 
@@ -79,6 +80,12 @@ def load_head(path: str | Path, target, dtype: torch.dtype | None = None):
     unless ``dtype`` says otherwise (training continues a head in float32)."""
     if is_assistant(path):  # Gemma 4's drafters: a model of their own, read by transformers
         return load_assistant(path, target)
+    if find_mtp(path) is not None:  # a model's own checkpoint with its MTP layer (DeepSeek, GLM, Qwen3-Next)
+        head = load_mtp(path, target)
+        head.to(device=target.device, dtype=dtype or target.dtype).eval().requires_grad_(False)
+        move_to_huge_pages(head)
+        head.path = Path(path)
+        return head
     cfg = read_head_config(path)
     state = read_weights(path)
     state = {k.removeprefix("model."): v for k, v in state.items()}  # vLLM-style prefixes

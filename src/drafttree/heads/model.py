@@ -45,6 +45,18 @@ def _layer_config(target_config, num_layers: int, intermediate_size: int | None 
     return cfg
 
 
+def rotary_of(target_model: nn.Module) -> tuple[list[nn.Module], dict]:
+    """The target's own rotary embedding (same positions, same precision; in a list: not the head's submodule) and
+    the keywords that ask it for full attention's table (Gemma-3 keeps one per layer type: sliding / full), or for
+    the one table the target has."""
+    rotary = target_model.base_model.rotary_emb
+    kw = {}
+    if "layer_type" in inspect.signature(rotary.forward).parameters:
+        known = sorted(set(getattr(target_model.config, "layer_types", None) or ["full_attention"]))
+        kw = {"layer_type": "full_attention" if "full_attention" in known else known[0]}
+    return [rotary], kw
+
+
 class EagleHead(nn.Module):
     kind = "eagle"  # EAGLE-1/2 layout: drafts from the target's last hidden state
     def __init__(self, target_model: nn.Module, num_layers: int = 1, draft_vocab: torch.Tensor | None = None,
@@ -64,13 +76,7 @@ class EagleHead(nn.Module):
         self.fc = nn.Linear(2 * h, h, bias=fc_bias)
         self.layers = nn.ModuleList([layer_cls(self.config, i) for i in range(num_layers)])
         self.layers[0].input_layernorm = nn.Identity()
-        self._rotary = [base.rotary_emb]  # the target's own rotary embedding (same positions, same precision)
-        # models with a rotary table per layer type (Gemma-3: sliding / full attention) are asked for the full-
-        # attention one the head's layer uses, or for the one table the target has
-        self._rotary_kw = {}
-        if "layer_type" in inspect.signature(base.rotary_emb.forward).parameters:
-            known = sorted(set(getattr(target_model.config, "layer_types", None) or ["full_attention"]))
-            self._rotary_kw = {"layer_type": "full_attention" if "full_attention" in known else known[0]}
+        self._rotary, self._rotary_kw = rotary_of(target_model)
         # frozen, shared with the target, never saved
         self._embed = [base.get_input_embeddings()]
         self._lm_head = [target_model.get_output_embeddings()]

@@ -81,7 +81,8 @@ def add_parser(sub) -> None:
     s.add_argument("--method", default="auto", help=f"default method: auto or one of {', '.join(METHODS)} "
                                                     "(requests may pick another with the 'method' field)")
     s.add_argument("--draft-model", default=None, help="draft LM for --method draft (same tokenizer)")
-    s.add_argument("--head", default=None, help="EAGLE head directory (default: the one shipped for the model)")
+    s.add_argument("--head", default=None, help="EAGLE head directory, or mtp: the MTP layer in the model's own "
+                   "checkpoint (default: the head shipped for the model, else that MTP layer)")
     s.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"])
     s.add_argument("--device", default="auto", help="cpu, cuda, cuda:1 ... (auto: cuda if available)")
     s.add_argument("--host", default="127.0.0.1", help="address to listen on (0.0.0.0 for every interface)")

@@ -176,6 +176,9 @@ def _init_head(cfg: TrainConfig, target):
     from drafttree.heads import load_head
 
     init = load_head(cfg.init_head, target, dtype=torch.float32)  # as stored, not rounded to the target's dtype
+    if getattr(init, "layout", "").startswith("mtp-"):
+        raise DraftTreeError(f"--init-head {cfg.init_head} is a model's own MTP layer: it drafts as published, "
+                             "training continues drafttree's EAGLE heads")
     want = "eagle3" if cfg.head_kind == "eagle3" else "eagle"
     if init.kind != want:
         raise DraftTreeError(f"--init-head {cfg.init_head} is an {init.kind} head, not {cfg.head_kind}")

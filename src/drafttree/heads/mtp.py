@@ -1,0 +1,226 @@
+"""Multi-token-prediction (MTP) modules shipped inside a model's own checkpoint, drafting as they were trained to.
+
+DeepSeek-V3/R1, Kimi K2, GLM-4.5+ and Qwen3-Next / Qwen3.5 checkpoints carry an extra "next-n" layer after their
+decoder layers, trained with the model to predict the token after next; vLLM and SGLang serve it as an EAGLE-style
+drafter. Transformers drops its weights on load, so they are read again from the checkpoint (sharded or not, only the
+MTP tensors). The module is EAGLE-1's shape with norms around it: ``fc([emb_norm(emb(token t+1));
+hidden_norm(feature t)])`` (2H -> H), one decoder layer **of the target's own class** built at index L (so a
+DeepSeek MTP layer gets its MoE MLP), a final norm, and the target's LM head (or the checkpoint's own copy where it
+differs). A later draft step feeds the layer's output back as the feature, as vLLM does: unnormed for DeepSeek's
+layout, normed for Qwen3-Next's; DeepSeek's layout zeroes the embedding at position 0 as vLLM does. Where a checkpoint
+has several MTP layers, the first drafts every step (vLLM with ``num_nextn_predict_layers`` 1 does the same).
+
+Layouts (by their weight names):
+  * ``model.layers.{L}.{enorm,hnorm,eh_proj,shared_head.norm,shared_head.head,<decoder layer>}`` (DeepSeek, GLM);
+  * ``mtp.{pre_fc_norm_embedding,pre_fc_norm_hidden,fc,norm,layers.0.<decoder layer>}`` (Qwen3-Next, Qwen3.5).
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+from torch import nn
+
+from drafttree import kernels
+from drafttree.cache import cache_arg
+from drafttree.errors import DraftTreeError
+from drafttree.heads.model import EagleHead, rotary_of
+from drafttree.models import text_only
+from drafttree.target import layer_count
+
+
+@dataclass(frozen=True)
+class MtpLayout:
+    name: str
+    prefix: str  # '{L}' stands for the target's layer count
+    marker: str  # a weight only this layout has (relative to prefix)
+    names: dict  # checkpoint name (relative to prefix) -> this module's; everything else is the decoder layer's
+    block: str  # the decoder layer's prefix, relative to prefix
+    normed_output: bool  # the fed-back feature is the final norm's output
+    zero_first_embedding: bool
+
+
+LAYOUTS = (
+    MtpLayout("deepseek", "model.layers.{L}.", "eh_proj.weight",
+              {"enorm": "emb_norm", "hnorm": "hidden_norm", "eh_proj": "fc", "shared_head.norm": "norm",
+               "shared_head.head": "own_head", "embed_tokens": "embedding"}, "", False, True),
+    MtpLayout("qwen3_next", "mtp.", "fc.weight",
+              {"pre_fc_norm_embedding": "emb_norm", "pre_fc_norm_hidden": "hidden_norm", "fc": "fc", "norm": "norm"},
+              "layers.0.", True, False),
+)
+
+
+def _checkpoint_keys(path: Path) -> dict[str, Path]:
+    """Every tensor name in a checkpoint directory -> the file holding it (safetensors, sharded or not)."""
+    index = path / "model.safetensors.index.json"
+    if index.exists():
+        try:
+            weight_map = json.loads(index.read_text())["weight_map"]
+        except (ValueError, KeyError):
+            raise DraftTreeError(f"{index} is not a safetensors index (no weight_map)") from None
+        return {k: path / f for k, f in weight_map.items()}
+    single = path / "model.safetensors"
+    if single.exists():
+        try:
+            with safe_open(str(single), framework="pt") as f:
+                return dict.fromkeys(f.keys(), single)
+        except Exception:  # unreadable: not an MTP checkpoint (the head loader says what is wrong with it)
+            return {}
+    return {}
+
+
+def find_mtp(path: str | Path) -> tuple[MtpLayout, str, dict[str, Path]] | None:
+    """(layout, prefix, the module's tensor names -> files) of the first MTP layer in the checkpoint at ``path``."""
+    path = Path(path)
+    cfg_file = path / "config.json"
+    if not cfg_file.exists():
+        return None
+    try:
+        cfg = json.loads(cfg_file.read_text())
+    except ValueError:
+        return None
+    cfg = cfg.get("text_config") or cfg  # multimodal wrappers (Qwen3.5) keep the layer count in their text config
+    keys = _checkpoint_keys(path)
+    for layout in LAYOUTS:
+        prefix = layout.prefix.format(L=cfg.get("num_hidden_layers", -1))
+        if prefix + layout.marker in keys:
+            return layout, prefix, {k: f for k, f in keys.items() if k.startswith(prefix)}
+    return None
+
+
+def _read(files: dict[str, Path]) -> dict[str, torch.Tensor]:
+    out: dict[str, torch.Tensor] = {}
+    for file in sorted(set(files.values())):
+        try:
+            with safe_open(str(file), framework="pt") as f:
+                for k in (k for k, where in files.items() if where == file):
+                    out[k] = f.get_tensor(k)
+        except Exception as e:  # a missing shard or a truncated file: one line
+            raise DraftTreeError(f"could not read the MTP weights in {file}: {type(e).__name__}: {e}") from None
+    return out
+
+
+def _layer_at(target_model: nn.Module, index: int):
+    """The target's decoder-layer class built at ``index`` (past its last layer: MoE where the model puts MoE) and the
+    config it reads, with per-layer lists extended by one full-attention entry; its cache slot is renumbered 0."""
+    cfg = copy.deepcopy(target_model.config)
+    n = cfg.num_hidden_layers
+    cfg.num_hidden_layers = index + 1
+    for name, value in list(vars(cfg).items()):
+        if isinstance(value, list) and len(value) == n and n:
+            setattr(cfg, name, value + ["full_attention" if name == "layer_types" else value[-1]])
+    cfg._attn_implementation = "sdpa"
+    layer = type(target_model.base_model.layers[0])(cfg, index)
+    for m in layer.modules():
+        if hasattr(m, "layer_idx"):
+            m.layer_idx = 0
+    return layer, cfg
+
+
+class MtpHead(EagleHead):
+    """A checkpoint's own MTP layer as a draft head (the EAGLE drafters step it like an EAGLE-1 head)."""
+
+    kind = "eagle"
+
+    def __init__(self, target_model: nn.Module, layout: MtpLayout, target_name: str = "", own_head: bool = False):
+        nn.Module.__init__(self)
+        target_model = text_only(target_model)
+        base = target_model.base_model
+        norm = getattr(base, "norm", None)
+        if not isinstance(getattr(base, "layers", None), nn.ModuleList) or norm is None or not hasattr(base,
+                                                                                                     "rotary_emb"):
+            raise DraftTreeError(f"an MTP layer is built from its target's decoder layer, final norm and rotary "
+                                 f"embedding; {type(base).__name__} lacks one of `layers`, `norm`, `rotary_emb`")
+        self.mtp_layout = layout
+        self.target_config = target_model.config
+        self.target_name = target_name
+        layer, self.config = _layer_at(target_model, layer_count(target_model))
+        self.layers = nn.ModuleList([layer])
+        h = self.config.hidden_size
+        self.fc = nn.Linear(2 * h, h, bias=False)
+        self.emb_norm, self.hidden_norm, self.norm = (copy.deepcopy(norm) for _ in range(3))
+        self._rotary, self._rotary_kw = rotary_of(target_model)
+        self._embed = [base.get_input_embeddings()]
+        self._lm_head = [target_model.get_output_embeddings()]
+        lm = self._lm_head[0].weight
+        self.own_head = nn.Linear(h, lm.shape[0], bias=False) if own_head else None
+        self.target_params = sum(p.numel() for p in target_model.parameters())
+        self.set_draft_vocab(None)
+
+    @property
+    def lm_head(self) -> nn.Module:
+        return self.own_head if self.own_head is not None else self._lm_head[0]
+
+    def level_cost(self) -> float:
+        head = self.lm_head.weight
+        own = sum(p.numel() for p in self.parameters() if p is not head) + head.numel()
+        return own / max(1, self.target_params)
+
+    def draft_logits(self, features: torch.Tensor) -> torch.Tensor:
+        x = features if self.mtp_layout.normed_output else self.norm(features)
+        return kernels.linear(x, self.draft_head_weight())
+
+    def forward(self, features: torch.Tensor, next_ids: torch.Tensor, position_ids: torch.Tensor,
+                attention_mask: torch.Tensor | None, cache=None) -> torch.Tensor:
+        dtype = self.fc.weight.dtype
+        emb = self.embed_tokens(next_ids).to(dtype)
+        if self.mtp_layout.zero_first_embedding:
+            emb = emb.masked_fill((position_ids == 0)[..., None], 0.0)
+        h = self.fc(torch.cat([self.emb_norm(emb), self.hidden_norm(features.to(dtype))], dim=-1))
+        layer = self.layers[0]
+        out = layer(h, attention_mask=attention_mask, position_ids=position_ids, use_cache=cache is not None,
+                    position_embeddings=self._rotary[0](h, position_ids, **self._rotary_kw),
+                    **{cache_arg(layer): cache})
+        h = out[0] if isinstance(out, tuple) else out
+        return self.norm(h) if self.mtp_layout.normed_output else h
+
+    def save(self, path, dtype=None, extra=None) -> None:
+        raise DraftTreeError("an MTP layer travels inside its model's checkpoint: there is no separate head to save")
+
+
+def load_mtp(path: str | Path, target) -> MtpHead:
+    """The first MTP layer of the checkpoint at ``path`` (the target's own directory) as a head for ``target``."""
+    found = find_mtp(path)
+    if found is None:
+        raise DraftTreeError(f"{path} holds no multi-token-prediction layer (DeepSeek-style "
+                             "model.layers.<L>.eh_proj or Qwen3-Next-style mtp.fc weights)")
+    layout, prefix, files = found
+    raw = _read(files)
+    state: dict[str, torch.Tensor] = {}
+    for k, v in raw.items():
+        rel = k[len(prefix):]
+        theirs = next((n for n in layout.names if rel.startswith(n + ".")), None)
+        if theirs is not None:
+            state[layout.names[theirs] + rel[len(theirs):]] = v
+        elif rel.startswith(layout.block):  # the decoder layer's (Qwen3-Next's second MTP layer, if any, left out)
+            state["layers.0." + rel[len(layout.block):]] = v
+    lm = target.model.get_output_embeddings().weight
+    emb = state.pop("embedding.weight", None)
+    tgt_emb = target.model.get_input_embeddings().weight
+    if emb is not None and tuple(emb.shape) != tuple(tgt_emb.shape):
+        raise DraftTreeError(f"MTP layer in {path}: its embedding {tuple(emb.shape)} is not the target's "
+                             f"{tuple(tgt_emb.shape)}")
+    head_w = state.get("own_head.weight")
+    if head_w is not None and tuple(head_w.shape) != tuple(lm.shape):
+        raise DraftTreeError(f"MTP layer in {path}: its LM head {tuple(head_w.shape)} is not the target's "
+                             f"{tuple(lm.shape)}")
+    own = head_w is not None and not torch.equal(head_w.to(lm.dtype), lm.detach().cpu())
+    if head_w is not None and not own:
+        state.pop("own_head.weight")
+    head = MtpHead(target.model, layout, target.name, own_head=own)
+    try:
+        missing, unexpected = head.load_state_dict(state, strict=False)
+    except RuntimeError as e:  # size mismatches
+        raise DraftTreeError(f"MTP layer in {path} does not fit {target.name} ({str(e).splitlines()[-1].strip()})") \
+            from None
+    if missing or unexpected:
+        raise DraftTreeError(f"MTP layer in {path}: weights do not match {target.name}'s layer "
+                             f"(missing {missing[:3]}, unexpected {unexpected[:3]})")
+    head.layout = f"mtp-{layout.name}"
+    head.meta = {}
+    return head

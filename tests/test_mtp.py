@@ -1,0 +1,227 @@
+"""The multi-token-prediction layer a checkpoint carries (DeepSeek / GLM: ``model.layers.<L>.eh_proj``; Qwen3-Next /
+Qwen3.5: ``mtp.fc``) drafts as a head (heads/mtp.py): every round's chain is the one a plain, cache-free recursion of
+the published MTP computation gives (written here from its definition: norms, projection, the layer at index L, final
+norm, LM head), every method that takes a head gives plain decoding's tokens with it in float32 (T=1 with a seed:
+plain sampling's), ``--head mtp`` and the default find it in the model's own directory, and a misfit is one line."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from safetensors.torch import save_file
+from test_architectures import ARCHS, IdsTokenizer
+from test_assistant import Recording
+from test_chain_target import ARCHS as HYBRIDS
+from test_chain_target import BASE
+from transformers import AutoConfig, AutoModelForCausalLM
+
+from drafttree.api import SpeculativeModel
+from drafttree.drafters import make_drafter
+from drafttree.errors import DraftTreeError
+from drafttree.heads import load_head_for
+from drafttree.heads.export import export_head
+from drafttree.heads.mtp import MtpHead
+from drafttree.models import LoadedModel
+
+V, N = 96, 20
+BIAS = {5: 30.0, 9: 30.0}  # the target (with this logit bias) writes tokens 5 and 9 only
+CASES = {  # layout: (model type, config values, layer count)
+    "deepseek": ("deepseek_v3", ARCHS["deepseek_v3"][0], 3),  # MLA attention, its MTP layer a mixture of experts
+    "qwen3_next": ("qwen3_5_text", BASE | HYBRIDS["qwen3_5_text"], 4),  # a gated-delta-net hybrid: chains verified
+}
+
+
+def _values(case: str, layers: int) -> dict:
+    _, values, _ = CASES[case]
+    values = dict(values, num_hidden_layers=layers)
+    if "layer_types" in values:
+        values["layer_types"] = (values["layer_types"] + ["full_attention"])[:layers]
+    return values
+
+
+def _rms(x: torch.Tensor, w: torch.Tensor, eps: float, offset: float) -> torch.Tensor:
+    return (offset + w) * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps))
+
+
+def _build(case: str, path, shards: int = 1, own_head: bool = False, width: int | None = None):
+    """A checkpoint directory of a ``L``-layer model whose layer L (of an ``L+1``-layer model) and a few tensors more
+    are its MTP layer; returns (the L+1-layer model, the MTP tensors by their checkpoint names)."""
+    arch, _, n = CASES[case]
+    full_cfg = AutoConfig.for_model(arch, **_values(case, n + 1))
+    full_cfg.bos_token_id, full_cfg.eos_token_id = 0, None
+    torch.manual_seed(0)
+    full = AutoModelForCausalLM.from_config(full_cfg).eval().requires_grad_(False)
+    with torch.no_grad():
+        full.get_output_embeddings().weight.mul_(4.0)  # sharpened: the greedy text repeats
+    h = full_cfg.hidden_size
+    g = torch.Generator().manual_seed(3)
+    state = {k: v for k, v in full.state_dict().items() if not k.startswith(f"model.layers.{n}.")}
+    block = {k.removeprefix(f"model.layers.{n}."): v for k, v in full.state_dict().items()
+             if k.startswith(f"model.layers.{n}.")}
+    norm = (lambda: 1.0 + 0.1 * torch.randn(h, generator=g)) if case == "deepseek" else (
+        lambda: 0.1 * torch.randn(h, generator=g))  # Qwen3.5's norms scale by 1 + w
+    extra = {"fc": torch.randn(h, 2 * (width or h), generator=g) / h ** 0.5, "emb_norm": norm(),
+             "hidden_norm": norm(), "norm": norm()}
+    if case == "deepseek":
+        head = full.get_output_embeddings().weight.clone()
+        if own_head:  # it drafts one of the two tokens the bias allows, whichever its state says
+            a, b = BIAS
+            head[[i for i in range(V) if i not in BIAS]] = 0.0
+            head[b] = -head[a]
+        mtp = {"enorm.weight": extra["emb_norm"], "hnorm.weight": extra["hidden_norm"], "eh_proj.weight": extra["fc"],
+               "shared_head.norm.weight": extra["norm"], "shared_head.head.weight": head,
+               "embed_tokens.weight": full.get_input_embeddings().weight.clone()} | block
+        mtp = {f"model.layers.{n}.{k}": v for k, v in mtp.items()}
+        extra["head"] = head
+    else:
+        mtp = {"mtp.pre_fc_norm_embedding.weight": extra["emb_norm"], "mtp.pre_fc_norm_hidden.weight":
+               extra["hidden_norm"], "mtp.fc.weight": extra["fc"], "mtp.norm.weight": extra["norm"]}
+        mtp |= {f"mtp.layers.0.{k}": v for k, v in block.items()}
+        extra["head"] = full.get_output_embeddings().weight
+    cfg = AutoConfig.for_model(arch, **_values(case, n))
+    cfg.bos_token_id, cfg.eos_token_id = 0, None
+    cfg.num_nextn_predict_layers = 1
+    path.mkdir(parents=True, exist_ok=True)
+    cfg.save_pretrained(path)
+    tensors = {k: v.contiguous() for k, v in (state | mtp).items()}
+    if shards == 1:
+        save_file(tensors, str(path / "model.safetensors"), metadata={"format": "pt"})
+    else:  # the MTP tensors split over two shards, as in a large model's checkpoint
+        names = sorted(tensors)
+        files = {}
+        for i in range(shards):
+            part = {k: tensors[k] for k in names[i::shards]}
+            fname = f"model-{i + 1:05d}-of-{shards:05d}.safetensors"
+            save_file(part, str(path / fname), metadata={"format": "pt"})
+            files |= dict.fromkeys(part, fname)
+        (path / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": files}))
+    return full, extra
+
+
+def _target(path) -> LoadedModel:
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval().requires_grad_(False)
+    model.generation_config.eos_token_id, model.generation_config.pad_token_id = None, 0
+    return LoadedModel(model, IdsTokenizer(), path.name, str(path))
+
+
+def _reference_outputs(case: str, full, extra: dict, feats: torch.Tensor, toks: list[int]):
+    """The MTP layer over (feature t, token t+1) pairs at positions 0.., causal, no cache: (layer output, normed)."""
+    n, cfg = CASES[case][2], full.config
+    eps, offset = cfg.rms_norm_eps, (1.0 if case == "qwen3_next" else 0.0)
+    pos = torch.arange(len(toks))
+    emb = full.get_input_embeddings()(torch.tensor(toks))
+    if case == "deepseek":  # as vLLM serves DeepSeek's MTP
+        emb[pos == 0] = 0.0
+    x = torch.cat([_rms(emb, extra["emb_norm"], eps, offset), _rms(feats, extra["hidden_norm"], eps, offset)],
+                  -1) @ extra["fc"].T
+    mask = torch.full((len(toks), len(toks)), float("-inf")).triu(1)[None, None]
+    rot = full.model.rotary_emb(x[None], pos[None])
+    out = full.model.layers[n](x[None], attention_mask=mask, position_ids=pos[None], position_embeddings=rot)
+    y = (out[0] if isinstance(out, tuple) else out)[0]
+    return y, _rms(y, extra["norm"], eps, offset)
+
+
+def _reference_chain(case: str, full, extra: dict, target: LoadedModel, context: list[int], depth: int) -> list[int]:
+    """The MTP recursion without a cache: every step reruns the layer over all pairs so far, the last output becoming
+    the next draft's feature (unnormed in DeepSeek's layout, normed in Qwen3-Next's)."""
+    with torch.no_grad():
+        feats = target.model.base_model(torch.tensor([context[:-1]])).last_hidden_state[0]
+        toks, drafts = list(context[1:]), []
+        for _ in range(depth):
+            y, normed = _reference_outputs(case, full, extra, feats, toks)
+            drafts.append(int((normed[-1] @ extra["head"].T).argmax()))
+            feats = torch.cat([feats, (normed if case == "qwen3_next" else y)[-1:]])
+            toks.append(drafts[-1])
+    return drafts
+
+
+def test_the_head_computes_the_published_layer_at_every_position(built):
+    case, path, full, extra, target = built
+    head = load_head_for(target, "mtp")
+    ids = _prompts()[1]
+    with torch.no_grad():
+        feats = target.model.base_model(ids[None, :-1]).last_hidden_state[0]
+        y, normed = _reference_outputs(case, full, extra, feats, ids[1:].tolist())
+        mask = torch.full((len(ids) - 1, len(ids) - 1), float("-inf")).triu(1)[None, None]
+        mine = head(feats[None], ids[None, 1:], torch.arange(len(ids) - 1)[None], mask)[0]
+        torch.testing.assert_close(mine, normed if case == "qwen3_next" else y)
+        torch.testing.assert_close(head.draft_logits(mine), normed @ extra["head"].T)
+
+
+def _prompts() -> list[torch.Tensor]:
+    g = torch.Generator().manual_seed(1)
+    prompts = [torch.randint(2, V, (k,), generator=g) for k in (7, 19)]
+    prompts[1][10:16] = prompts[1][:6]
+    return prompts
+
+
+@pytest.fixture(scope="module", params=list(CASES))
+def built(request, tmp_path_factory):
+    path = tmp_path_factory.mktemp(request.param) / "model"
+    full, extra = _build(request.param, path, shards=2 if request.param == "deepseek" else 1,
+                         own_head=request.param == "deepseek")
+    return request.param, path, full, extra, _target(path)
+
+
+def test_every_rounds_chain_is_the_published_mtp_recursion(built):
+    case, path, full, extra, target = built
+    head = load_head_for(target, "mtp")
+    assert isinstance(head, MtpHead) and head.layout == f"mtp-{case}"
+    with pytest.raises(DraftTreeError, match="travels inside its model's checkpoint"):
+        head.save(path.parent / "exported")
+    with pytest.raises(DraftTreeError, match="nothing to export"):
+        export_head(path, path.parent / "exported", "vllm")
+    sm = SpeculativeModel(target, method="eagle-chain", head=head)
+    checked = 0
+    for prompt in _prompts():
+        drafter = Recording(make_drafter("eagle-chain", target, head=head, depth=3))
+        out = sm.generate(prompt, max_new_tokens=N, ignore_eos=True, logit_bias=BIAS, drafter=drafter)
+        assert out.tokens == sm.generate(prompt, max_new_tokens=N, method="ar", ignore_eos=True,
+                                         logit_bias=BIAS).tokens
+        for context, chain in drafter.rounds:
+            assert chain == _reference_chain(case, full, extra, target, context, len(chain)), len(context)
+            checked += len(chain)
+    assert checked > 0
+
+
+@pytest.mark.parametrize("method", ["eagle-chain", "eagle2", "auto"])
+def test_every_method_gives_plain_decodings_tokens_with_an_mtp_layer(built, method):
+    case, path, full, extra, target = built
+    sm = SpeculativeModel(target, method=method, head=load_head_for(target, None))  # found in its own directory
+    assert isinstance(sm.head, MtpHead)
+    prompts = _prompts()
+    with torch.no_grad():
+        refs = [target.model.generate(p[None], attention_mask=torch.ones(1, p.numel(), dtype=torch.long),
+                                      do_sample=False, max_new_tokens=N, min_new_tokens=N)[0, p.numel():].tolist()
+                for p in prompts]
+    assert [sm.generate(p, max_new_tokens=N, ignore_eos=True).tokens for p in prompts] == refs
+    assert [r.tokens for r in sm.generate(list(prompts), max_new_tokens=N, ignore_eos=True)] == refs
+    biased = [sm.generate(p, max_new_tokens=N, method="ar", ignore_eos=True, logit_bias=BIAS).tokens for p in prompts]
+    outs = [sm.generate(p, max_new_tokens=N, ignore_eos=True, logit_bias=BIAS) for p in prompts]
+    assert [o.tokens for o in outs] == biased
+    if case == "deepseek" and method != "auto":  # its own LM head drafts the biased tokens: drafts were accepted
+        assert sum(o.new_tokens for o in outs) > sum(o.target_forwards for o in outs)
+    alone = [sm.generate(p, max_new_tokens=N, method="ar", ignore_eos=True, temperature=1.0, seed=5).tokens
+             for p in prompts]
+    assert [sm.generate(p, max_new_tokens=N, ignore_eos=True, temperature=1.0, seed=5).tokens
+            for p in prompts] == alone
+
+
+def test_mtp_misfits_get_one_line(tmp_path):
+    _build("deepseek", tmp_path / "wide", width=32)  # eh_proj reads 2 x 32, the model is 64 wide
+    target = _target(tmp_path / "wide")
+    with pytest.raises(DraftTreeError, match="does not fit") as e:
+        load_head_for(target, "mtp")
+    assert "\n" not in str(e.value)
+    with pytest.warns(UserWarning, match="drafting without the checkpoint's MTP layer"):
+        assert load_head_for(target, None) is None  # the model still loads and decodes, without it
+    _build("deepseek", tmp_path / "sharded", shards=2)
+    (tmp_path / "sharded" / "model-00002-of-00002.safetensors").unlink()
+    with pytest.raises(DraftTreeError, match="could not read the MTP weights") as e:
+        load_head_for(LoadedModel(target.model, IdsTokenizer(), "x", str(tmp_path / "sharded")), "mtp")
+    assert "\n" not in str(e.value)
+    plain = LoadedModel(target.model, IdsTokenizer(), "plain", "")
+    with pytest.raises(DraftTreeError, match="--head mtp: 'plain' was not loaded from a checkpoint directory"):
+        load_head_for(plain, "mtp")
