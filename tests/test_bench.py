@@ -421,7 +421,10 @@ def test_concurrency_steady_load_with_repeats(tmp_path, capsys, monkeypatch):
     assert "alone_tps" not in rows[(2, "auto")]
     for u in (1, 2):  # each repeat's auto run over the ar run of the same repeat
         a, b = rows[(u, "auto")]["all_aggregate_tps"], rows[(u, "ar")]["all_aggregate_tps"]
-        assert rows[(u, "auto")]["paired_vs_ar"] == pytest.approx([x / y for x, y in zip(a, b)], rel=1e-2)
+        paired = rows[(u, "auto")]["paired_vs_ar"]
+        assert len(paired) == len(a)
+        for p, x, y in zip(paired, a, b):  # the runs' rates are rounded to 0.01: a slow machine's ratios move by more
+            assert p == pytest.approx(x / y, rel=1e-3 + 0.005 / x + 0.005 / y)
         assert "paired_vs_ar" not in rows[(u, "ar")]
     assert "(runs paired: median" in (out / "concurrency.md").read_text()
     assert "; longest wait " in (out / "concurrency.md").read_text()

@@ -10,6 +10,7 @@ import json
 
 import pytest
 import torch
+from safetensors import safe_open
 from safetensors.torch import save_file
 from test_architectures import ARCHS, IdsTokenizer
 from test_assistant import Recording
@@ -27,9 +28,10 @@ from drafttree.models import LoadedModel
 
 V, N = 96, 20
 BIAS = {5: 30.0, 9: 30.0}  # the target (with this logit bias) writes tokens 5 and 9 only
-CASES = {  # layout: (model type, config values, layer count)
-    "deepseek": ("deepseek_v3", ARCHS["deepseek_v3"][0], 3),  # MLA attention, its MTP layer a mixture of experts
-    "qwen3_next": ("qwen3_5_text", BASE | HYBRIDS["qwen3_5_text"], 4),  # a gated-delta-net hybrid: chains verified
+MOE = dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32, shared_expert_intermediate_size=32)
+CASES = {  # layout: (model type, config values, layer count); both MTP layers mixtures of experts
+    "deepseek": ("deepseek_v3", ARCHS["deepseek_v3"][0], 3),  # MLA attention
+    "qwen3_next": ("qwen3_5_moe_text", BASE | HYBRIDS["qwen3_5_text"] | MOE, 4),  # a gated-delta-net hybrid: chains
 }
 
 
@@ -57,8 +59,12 @@ def _build(case: str, path, shards: int = 1, own_head: bool = False, width: int 
         full.get_output_embeddings().weight.mul_(4.0)  # sharpened: the greedy text repeats
     h = full_cfg.hidden_size
     g = torch.Generator().manual_seed(3)
-    state = {k: v for k, v in full.state_dict().items() if not k.startswith(f"model.layers.{n}.")}
-    block = {k.removeprefix(f"model.layers.{n}."): v for k, v in full.state_dict().items()
+    full.save_pretrained(path.parent / "full")  # the names checkpoints publish (one tensor per expert)
+    with safe_open(str(path.parent / "full" / "model.safetensors"), framework="pt") as f:
+        published = {k: f.get_tensor(k) for k in f.keys()}  # noqa: SIM118 (safe_open has no __iter__)
+    assert any(".experts.0.gate_proj.weight" in k for k in published)
+    state = {k: v for k, v in published.items() if not k.startswith(f"model.layers.{n}.")}
+    block = {k.removeprefix(f"model.layers.{n}."): v for k, v in published.items()
              if k.startswith(f"model.layers.{n}.")}
     norm = (lambda: 1.0 + 0.1 * torch.randn(h, generator=g)) if case == "deepseek" else (
         lambda: 0.1 * torch.randn(h, generator=g))  # Qwen3.5's norms scale by 1 + w
@@ -223,5 +229,13 @@ def test_mtp_misfits_get_one_line(tmp_path):
         load_head_for(LoadedModel(target.model, IdsTokenizer(), "x", str(tmp_path / "sharded")), "mtp")
     assert "\n" not in str(e.value)
     plain = LoadedModel(target.model, IdsTokenizer(), "plain", "")
-    with pytest.raises(DraftTreeError, match="--head mtp: 'plain' was not loaded from a checkpoint directory"):
+    with pytest.raises(DraftTreeError, match="--head mtp: the checkpoint of 'plain' .in memory. has no multi-token"):
         load_head_for(plain, "mtp")
+    _build("deepseek", tmp_path / "fp8")  # FP8 weights (DeepSeek's published checkpoints): refused, not misread
+    name = "model.layers.3.eh_proj.weight"
+    with safe_open(str(tmp_path / "fp8" / "model.safetensors"), framework="pt") as f:
+        tensors = {k: f.get_tensor(k) for k in f.keys()}  # noqa: SIM118
+    tensors[name] = tensors[name].to(torch.float8_e4m3fn)
+    save_file(tensors, str(tmp_path / "fp8" / "model.safetensors"))
+    with pytest.raises(DraftTreeError, match=r"is quantized \(model.layers.3.eh_proj.weight \(torch.float8_e4m3fn"):
+        load_head_for(LoadedModel(target.model, IdsTokenizer(), "x", str(tmp_path / "fp8")), "mtp")

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import copy
 import json
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -61,9 +62,9 @@ def _checkpoint_keys(path: Path) -> dict[str, Path]:
     if index.exists():
         try:
             weight_map = json.loads(index.read_text())["weight_map"]
-        except (ValueError, KeyError):
-            raise DraftTreeError(f"{index} is not a safetensors index (no weight_map)") from None
-        return {k: path / f for k, f in weight_map.items()}
+            return {str(k): path / str(f) for k, f in weight_map.items()}
+        except (ValueError, KeyError, TypeError, AttributeError):
+            raise DraftTreeError(f"{index} is not a safetensors index (no weight_map of names to files)") from None
     single = path / "model.safetensors"
     if single.exists():
         try:
@@ -82,9 +83,10 @@ def find_mtp(path: str | Path) -> tuple[MtpLayout, str, dict[str, Path]] | None:
         return None
     try:
         cfg = json.loads(cfg_file.read_text())
-    except ValueError:
+        cfg = cfg.get("text_config") or cfg  # multimodal wrappers (Qwen3.5) keep the layer count in their text config
+        cfg.get("num_hidden_layers")
+    except (ValueError, AttributeError):
         return None
-    cfg = cfg.get("text_config") or cfg  # multimodal wrappers (Qwen3.5) keep the layer count in their text config
     keys = _checkpoint_keys(path)
     for layout in LAYOUTS:
         prefix = layout.prefix.format(L=cfg.get("num_hidden_layers", -1))
@@ -122,12 +124,36 @@ def _layer_at(target_model: nn.Module, index: int):
     return layer, cfg
 
 
+def _stack_experts(state: dict[str, torch.Tensor], params: set[str]) -> dict[str, torch.Tensor]:
+    """Published per-expert tensors (``...experts.<i>.{gate,up,down}_proj.weight``) stacked the way transformers 5 keeps
+    them (``experts.gate_up_proj`` [E, 2I, H]: gate then up; ``experts.down_proj`` [E, H, I]) where the layer does."""
+    groups: dict[str, dict[int, dict[str, torch.Tensor]]] = {}
+    rest = {}
+    for k, v in state.items():
+        m = _EXPERT.fullmatch(k)
+        if m and f"{m[1]}.experts.gate_up_proj" in params:
+            groups.setdefault(m[1], {}).setdefault(int(m[2]), {})[m[3]] = state[k]
+        else:
+            rest[k] = v
+    for prefix, experts in groups.items():
+        order = [experts[i] for i in sorted(experts)]
+        if sorted(experts) != list(range(len(experts))) or any(len(e) != 3 for e in order):
+            raise DraftTreeError(f"MTP layer: experts under {prefix} are incomplete (each needs gate, up and down)")
+        rest[f"{prefix}.experts.gate_up_proj"] = torch.stack([torch.cat([e["gate_proj"], e["up_proj"]]) for e in order])
+        rest[f"{prefix}.experts.down_proj"] = torch.stack([e["down_proj"] for e in order])
+    return rest
+
+
+_EXPERT = re.compile(r"(.+)\.experts\.(\d+)\.(gate_proj|up_proj|down_proj)\.weight")
+
+
 class MtpHead(EagleHead):
     """A checkpoint's own MTP layer as a draft head (the EAGLE drafters step it like an EAGLE-1 head)."""
 
     kind = "eagle"
 
-    def __init__(self, target_model: nn.Module, layout: MtpLayout, target_name: str = "", own_head: bool = False):
+    def __init__(self, target_model: nn.Module, layout: MtpLayout, target_name: str = "", own_head: bool = False,
+                 own_embedding: bool = False):
         nn.Module.__init__(self)
         target_model = text_only(target_model)
         base = target_model.base_model
@@ -149,6 +175,7 @@ class MtpHead(EagleHead):
         self._lm_head = [target_model.get_output_embeddings()]
         lm = self._lm_head[0].weight
         self.own_head = nn.Linear(h, lm.shape[0], bias=False) if own_head else None
+        self.own_embedding = nn.Embedding(*self._embed[0].weight.shape) if own_embedding else None
         self.target_params = sum(p.numel() for p in target_model.parameters())
         self.set_draft_vocab(None)
 
@@ -156,9 +183,14 @@ class MtpHead(EagleHead):
     def lm_head(self) -> nn.Module:
         return self.own_head if self.own_head is not None else self._lm_head[0]
 
+    @property
+    def embed_tokens(self) -> nn.Module:
+        return self.own_embedding if self.own_embedding is not None else self._embed[0]
+
     def level_cost(self) -> float:
-        head = self.lm_head.weight
-        own = sum(p.numel() for p in self.parameters() if p is not head) + head.numel()
+        """Bytes a draft level reads (the layer, norms, projection, LM head; an embedding's few rows not counted)."""
+        head, emb = self.lm_head.weight, self.embed_tokens.weight
+        own = sum(p.numel() for p in self.parameters() if p is not head and p is not emb) + head.numel()
         return own / max(1, self.target_params)
 
     def draft_logits(self, features: torch.Tensor) -> torch.Tensor:
@@ -199,28 +231,37 @@ def load_mtp(path: str | Path, target) -> MtpHead:
             state[layout.names[theirs] + rel[len(theirs):]] = v
         elif rel.startswith(layout.block):  # the decoder layer's (Qwen3-Next's second MTP layer, if any, left out)
             state["layers.0." + rel[len(layout.block):]] = v
-    lm = target.model.get_output_embeddings().weight
-    emb = state.pop("embedding.weight", None)
-    tgt_emb = target.model.get_input_embeddings().weight
-    if emb is not None and tuple(emb.shape) != tuple(tgt_emb.shape):
-        raise DraftTreeError(f"MTP layer in {path}: its embedding {tuple(emb.shape)} is not the target's "
-                             f"{tuple(tgt_emb.shape)}")
-    head_w = state.get("own_head.weight")
-    if head_w is not None and tuple(head_w.shape) != tuple(lm.shape):
-        raise DraftTreeError(f"MTP layer in {path}: its LM head {tuple(head_w.shape)} is not the target's "
-                             f"{tuple(lm.shape)}")
-    own = head_w is not None and not torch.equal(head_w.to(lm.dtype), lm.detach().cpu())
-    if head_w is not None and not own:
-        state.pop("own_head.weight")
-    head = MtpHead(target.model, layout, target.name, own_head=own)
+    quantized = sorted(k for k in raw if k.endswith(("weight_scale_inv", "weight_scale", "input_scale")))
+    quantized += sorted(f"{k} ({v.dtype})" for k, v in raw.items() if v.element_size() == 1)  # FP8 / int8 weights
+    if quantized:
+        raise DraftTreeError(f"the MTP layer in {path} is quantized ({quantized[0]}): drafttree reads MTP layers in "
+                             "float32 / float16 / bfloat16 only")
+    own = {}
+    for name, mine in (("own_head.weight", target.model.get_output_embeddings().weight),
+                       ("embedding.weight", target.model.get_input_embeddings().weight)):
+        theirs = state.get(name)
+        if theirs is not None and tuple(theirs.shape) != tuple(mine.shape):
+            raise DraftTreeError(f"MTP layer in {path}: its {name.split('.')[0].replace('_', ' ')} "
+                                 f"{tuple(theirs.shape)} is not the target's {tuple(mine.shape)}")
+        # a copy of the target's (DeepSeek's checkpoints repeat them) is shared, one that differs is the layer's own
+        own[name] = theirs is not None and not torch.equal(theirs.to(mine.dtype), mine.detach().cpu())
+        if theirs is not None and not own[name]:
+            state.pop(name)
+    if "embedding.weight" in state:
+        state["own_embedding.weight"] = state.pop("embedding.weight")
+    with torch.device("meta"):  # built without memory: the checkpoint's tensors become its parameters (assign)
+        head = MtpHead(target.model, layout, target.name, own_head=own["own_head.weight"],
+                       own_embedding=own["embedding.weight"])
+    state = _stack_experts(state, {n for n, _ in head.named_parameters()})
     try:
-        missing, unexpected = head.load_state_dict(state, strict=False)
+        missing, unexpected = head.load_state_dict(state, strict=False, assign=True)
     except RuntimeError as e:  # size mismatches
         raise DraftTreeError(f"MTP layer in {path} does not fit {target.name} ({str(e).splitlines()[-1].strip()})") \
             from None
-    if missing or unexpected:
+    left = [n for n, t in [*head.named_parameters(), *head.named_buffers()] if t.is_meta]
+    if missing or unexpected or left:
         raise DraftTreeError(f"MTP layer in {path}: weights do not match {target.name}'s layer "
-                             f"(missing {missing[:3]}, unexpected {unexpected[:3]})")
+                             f"(missing {(missing or left)[:3]}, unexpected {unexpected[:3]})")
     head.layout = f"mtp-{layout.name}"
     head.meta = {}
     return head

@@ -174,11 +174,12 @@ def _init_head(cfg: TrainConfig, target):
     """The head to continue from, trained as loaded (architecture, variants, weights); its draft vocabulary is
     kept (``--draft-vocab`` does not apply): its LM-head rows are the ones it learnt to rank."""
     from drafttree.heads import load_head
+    from drafttree.heads.mtp import find_mtp
 
-    init = load_head(cfg.init_head, target, dtype=torch.float32)  # as stored, not rounded to the target's dtype
-    if getattr(init, "layout", "").startswith("mtp-"):
+    if find_mtp(cfg.init_head) is not None:
         raise DraftTreeError(f"--init-head {cfg.init_head} is a model's own MTP layer: it drafts as published, "
                              "training continues drafttree's EAGLE heads")
+    init = load_head(cfg.init_head, target, dtype=torch.float32)  # as stored, not rounded to the target's dtype
     want = "eagle3" if cfg.head_kind == "eagle3" else "eagle"
     if init.kind != want:
         raise DraftTreeError(f"--init-head {cfg.init_head} is an {init.kind} head, not {cfg.head_kind}")

@@ -149,6 +149,9 @@ def cmd_train_length(args) -> int:
     if head.kind == "assistant":
         raise DraftTreeError(f"{head.path} is a Gemma 4 assistant: the AdaEAGLE length predictor reads an EAGLE-1/2 "
                              "head's states")
+    if str(getattr(head, "layout", "")).startswith("mtp-"):
+        raise DraftTreeError(f"{head.path} is a model's own MTP layer: the AdaEAGLE length predictor is trained for "
+                             "drafttree's EAGLE-1/2 heads")
     out = args.out or str(head.path)
     report = train_length_predictor(target, head, args.features, out, k_max=args.k_max, lam=args.lam,
                                     epochs=args.epochs, lr=args.lr, max_samples=args.max_samples,
