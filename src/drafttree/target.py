@@ -58,6 +58,16 @@ RECURRENT_LAYERS = frozenset({"linear_attention", "conv", "hybrid", "hybrid_slid
 RECURRENT_MODELS = frozenset({"mamba", "mamba2", "falcon_mamba", "rwkv", "xlstm", "recurrent_gemma", "reformer",
                               "xlnet"})
 TREE_LAYERS = frozenset({"full_attention", "sliding_attention"})  # the kinds of attention the tree masks are built for
+# model types whose forward a tree or chain cannot take, with why (stop 77: measured on tiny random models)
+UNSUPPORTED_MODELS = {
+    "cpmant": "its cached decoding differs from its own full forward over the same tokens (it prepends prompt tokens "
+              "of its own), so no drafted token can be verified against it",
+    "dory": "its recurrent section runs its layers in loops, each loop keeping keys and values in extra cache layers "
+            "that only its own cache bookkeeping knows of",
+}
+# model types whose attention takes no packed batch (batching/target.py: attends_rows): Doge's dynamic-mask attention
+# shapes its mask by the batch's query length, not each row's
+ONE_ROW_MODELS = frozenset({"doge"})
 
 
 def check_architecture(model: torch.nn.Module, chains: bool = False) -> None:
@@ -74,6 +84,8 @@ def check_architecture(model: torch.nn.Module, chains: bool = False) -> None:
         params = inspect.signature(type(model.base_model).forward).parameters
     except (TypeError, ValueError):
         params = None
+    if kind in UNSUPPORTED_MODELS:
+        raise DraftTreeError(f"{kind}: {UNSUPPORTED_MODELS[kind]}; this architecture is not supported")
     if params is not None and not {"cache", "past_key_values"} & set(params):
         raise DraftTreeError(f"{kind}: its forward keeps no KV cache, which a draft tree is verified against; this "
                              "architecture is not supported")
@@ -85,6 +97,7 @@ def check_architecture(model: torch.nn.Module, chains: bool = False) -> None:
     why = tree_refusal(model)
     if why:
         raise DraftTreeError(f"{kind}: {why}")
+
 
 
 def recurrent_layers(model: torch.nn.Module) -> list[str] | None:

@@ -26,7 +26,7 @@ from drafttree.batching.prefix_pool import PrefixEntry, PrefixPool
 from drafttree.cache import GrowingCache, cache_arg
 from drafttree.errors import DraftTreeError
 from drafttree.kernels.gemm import MAX_ROWS, kernel_rows
-from drafttree.target import ForwardOutput, TargetModel, common_prefix, run_with_features, tree_refusal
+from drafttree.target import ONE_ROW_MODELS, ForwardOutput, TargetModel, common_prefix, run_with_features, tree_refusal
 from drafttree.tree import DraftTree
 
 
@@ -63,7 +63,10 @@ def shared_prefixes(prompts: list[list[int] | None], at_least: int, kinds: list 
 
 def attends_rows(model: torch.nn.Module) -> bool:
     """Whether the model's attention goes through transformers' attention interface, where each row of a packed batch
-    attends over its own slots. Not so for XGLM, GPT-NeoX-Japanese, ...: their own code takes one row at a time."""
+    attends over its own slots. Not so for XGLM, GPT-NeoX-Japanese, ...: their own code takes one row at a time; nor
+    for Doge (target.ONE_ROW_MODELS)."""
+    if getattr(model.config, "model_type", None) in ONE_ROW_MODELS:
+        return False
     modeling = sys.modules.get(type(model).__module__)
     return modeling is None or hasattr(modeling, "ALL_ATTENTION_FUNCTIONS")
 
