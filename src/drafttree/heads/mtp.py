@@ -1,6 +1,6 @@
 """Multi-token-prediction (MTP) modules shipped inside a model's own checkpoint, drafting as they were trained to.
 
-DeepSeek-V3/R1, Kimi K2, GLM-4.5+ and Qwen3-Next / Qwen3.5 checkpoints carry an extra "next-n" layer after their
+DeepSeek-V3/R1, GLM-4.5+ and Qwen3-Next / Qwen3.5 checkpoints carry an extra "next-n" layer after their
 decoder layers, trained with the model to predict the token after next; vLLM and SGLang serve it as an EAGLE-style
 drafter. Transformers drops its weights on load, so they are read again from the checkpoint (sharded or not, only the
 MTP tensors). The module is EAGLE-1's shape with norms around it: ``fc([emb_norm(emb(token t+1));
