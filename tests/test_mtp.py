@@ -29,9 +29,10 @@ from drafttree.models import LoadedModel
 V, N = 96, 20
 BIAS = {5: 30.0, 9: 30.0}  # the target (with this logit bias) writes tokens 5 and 9 only
 MOE = dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32, shared_expert_intermediate_size=32)
-CASES = {  # layout: (model type, config values, layer count); both MTP layers mixtures of experts
-    "deepseek": ("deepseek_v3", ARCHS["deepseek_v3"][0], 3),  # MLA attention
-    "qwen3_next": ("qwen3_5_moe_text", BASE | HYBRIDS["qwen3_5_text"] | MOE, 4),  # a gated-delta-net hybrid: chains
+CASES = {  # layout: (model type, config values, layer count)
+    "deepseek": ("deepseek_v3", ARCHS["deepseek_v3"][0], 3),  # MLA attention, an MoE MTP layer
+    "qwen3_next": ("qwen3_5_moe_text", BASE | HYBRIDS["qwen3_5_text"] | MOE, 4),  # a gated-delta-net hybrid (chains)
+    "mimo": ("qwen2", BASE | dict(num_hidden_layers=3), 3),  # MiMo-7B: a Qwen2 model, [hidden; embedding] projected
 }
 
 
@@ -62,11 +63,11 @@ def _build(case: str, path, shards: int = 1, own_head: bool = False, width: int 
     full.save_pretrained(path.parent / "full")  # the names checkpoints publish (one tensor per expert)
     with safe_open(str(path.parent / "full" / "model.safetensors"), framework="pt") as f:
         published = {k: f.get_tensor(k) for k in f.keys()}  # noqa: SIM118 (safe_open has no __iter__)
-    assert any(".experts.0.gate_proj.weight" in k for k in published)
+    assert case == "mimo" or any(".experts.0.gate_proj.weight" in k for k in published)
     state = {k: v for k, v in published.items() if not k.startswith(f"model.layers.{n}.")}
     block = {k.removeprefix(f"model.layers.{n}."): v for k, v in published.items()
              if k.startswith(f"model.layers.{n}.")}
-    norm = (lambda: 1.0 + 0.1 * torch.randn(h, generator=g)) if case == "deepseek" else (
+    norm = (lambda: 1.0 + 0.1 * torch.randn(h, generator=g)) if case != "qwen3_next" else (
         lambda: 0.1 * torch.randn(h, generator=g))  # Qwen3.5's norms scale by 1 + w
     extra = {"fc": torch.randn(h, 2 * (width or h), generator=g) / h ** 0.5, "emb_norm": norm(),
              "hidden_norm": norm(), "norm": norm()}
@@ -81,10 +82,15 @@ def _build(case: str, path, shards: int = 1, own_head: bool = False, width: int 
                "embed_tokens.weight": full.get_input_embeddings().weight.clone()} | block
         mtp = {f"model.layers.{n}.{k}": v for k, v in mtp.items()}
         extra["head"] = head
-    else:
+    elif case == "qwen3_next":
         mtp = {"mtp.pre_fc_norm_embedding.weight": extra["emb_norm"], "mtp.pre_fc_norm_hidden.weight":
                extra["hidden_norm"], "mtp.fc.weight": extra["fc"], "mtp.norm.weight": extra["norm"]}
         mtp |= {f"mtp.layers.0.{k}": v for k, v in block.items()}
+        extra["head"] = full.get_output_embeddings().weight
+    else:
+        mtp = {"token_layernorm.weight": extra["emb_norm"], "hidden_layernorm.weight": extra["hidden_norm"],
+               "input_proj.weight": extra["fc"], "final_layernorm.weight": extra["norm"]} | block
+        mtp = {f"model.mtp_layers.0.{k}": v for k, v in mtp.items()}
         extra["head"] = full.get_output_embeddings().weight
     cfg = AutoConfig.for_model(arch, **_values(case, n))
     cfg.bos_token_id, cfg.eos_token_id = 0, None
@@ -118,10 +124,10 @@ def _reference_outputs(case: str, full, extra: dict, feats: torch.Tensor, toks: 
     eps, offset = cfg.rms_norm_eps, (1.0 if case == "qwen3_next" else 0.0)
     pos = torch.arange(len(toks))
     emb = full.get_input_embeddings()(torch.tensor(toks))
-    if case == "deepseek":  # as vLLM serves DeepSeek's MTP
+    if case != "qwen3_next":  # as vLLM serves DeepSeek's and MiMo's MTP layers
         emb[pos == 0] = 0.0
-    x = torch.cat([_rms(emb, extra["emb_norm"], eps, offset), _rms(feats, extra["hidden_norm"], eps, offset)],
-                  -1) @ extra["fc"].T
+    parts = [_rms(emb, extra["emb_norm"], eps, offset), _rms(feats, extra["hidden_norm"], eps, offset)]
+    x = torch.cat(parts[::-1] if case == "mimo" else parts, -1) @ extra["fc"].T  # MiMo reads [hidden; embedding]
     mask = torch.full((len(toks), len(toks)), float("-inf")).triu(1)[None, None]
     rot = full.model.rotary_emb(x[None], pos[None])
     out = full.model.layers[n](x[None], attention_mask=mask, position_ids=pos[None], position_embeddings=rot)
@@ -131,14 +137,14 @@ def _reference_outputs(case: str, full, extra: dict, feats: torch.Tensor, toks: 
 
 def _reference_chain(case: str, full, extra: dict, target: LoadedModel, context: list[int], depth: int) -> list[int]:
     """The MTP recursion without a cache: every step reruns the layer over all pairs so far, the last output becoming
-    the next draft's feature (unnormed in DeepSeek's layout, normed in Qwen3-Next's)."""
+    the next draft's feature (unnormed in DeepSeek's layout, normed in the others)."""
     with torch.no_grad():
         feats = target.model.base_model(torch.tensor([context[:-1]])).last_hidden_state[0]
         toks, drafts = list(context[1:]), []
         for _ in range(depth):
             y, normed = _reference_outputs(case, full, extra, feats, toks)
             drafts.append(int((normed[-1] @ extra["head"].T).argmax()))
-            feats = torch.cat([feats, (normed if case == "qwen3_next" else y)[-1:]])
+            feats = torch.cat([feats, (y if case == "deepseek" else normed)[-1:]])  # fed back as vLLM does
             toks.append(drafts[-1])
     return drafts
 
@@ -152,7 +158,7 @@ def test_the_head_computes_the_published_layer_at_every_position(built):
         y, normed = _reference_outputs(case, full, extra, feats, ids[1:].tolist())
         mask = torch.full((len(ids) - 1, len(ids) - 1), float("-inf")).triu(1)[None, None]
         mine = head(feats[None], ids[None, 1:], torch.arange(len(ids) - 1)[None], mask)[0]
-        torch.testing.assert_close(mine, normed if case == "qwen3_next" else y)
+        torch.testing.assert_close(mine, y if case == "deepseek" else normed)
         torch.testing.assert_close(head.draft_logits(mine), normed @ extra["head"].T)
 
 

@@ -1,18 +1,20 @@
 """Multi-token-prediction (MTP) modules shipped inside a model's own checkpoint, drafting as they were trained to.
 
-DeepSeek-V3/R1, GLM-4.5+ and Qwen3-Next / Qwen3.5 checkpoints carry an extra "next-n" layer after their
-decoder layers, trained with the model to predict the token after next; vLLM and SGLang serve it as an EAGLE-style
-drafter. Transformers drops its weights on load, so they are read again from the checkpoint (sharded or not, only the
-MTP tensors). The module is EAGLE-1's shape with norms around it: ``fc([emb_norm(emb(token t+1));
-hidden_norm(feature t)])`` (2H -> H), one decoder layer **of the target's own class** built at index L (so a
-DeepSeek MTP layer gets its MoE MLP), a final norm, and the target's LM head (or the checkpoint's own copy where it
-differs). A later draft step feeds the layer's output back as the feature, as vLLM does: unnormed for DeepSeek's
-layout, normed for Qwen3-Next's; DeepSeek's layout zeroes the embedding at position 0 as vLLM does. Where a checkpoint
-has several MTP layers, the first drafts every step (vLLM with ``num_nextn_predict_layers`` 1 does the same).
+DeepSeek-V3/R1, GLM-4.5+, Qwen3-Next / Qwen3.5 and MiMo-7B checkpoints carry an extra "next-n" layer after their decoder
+layers, trained with the model to predict the token after next; vLLM and SGLang serve it as an EAGLE-style drafter.
+Transformers drops its weights on load, so they are read again from the checkpoint (sharded or not, only the MTP
+tensors). The module is EAGLE-1's shape with norms around it: ``fc([emb_norm(emb(token t+1)); hidden_norm(feature t)])``
+(2H -> H), one decoder layer **of the target's own class** built at index L (so a DeepSeek MTP layer gets its MoE MLP),
+a final norm, and the target's LM head (or the checkpoint's own copy where it differs). A later draft step feeds the
+layer's output back as the feature, as vLLM does: unnormed for DeepSeek's layout, normed for Qwen3-Next's and MiMo's;
+DeepSeek's and MiMo's zero the embedding at position 0 as vLLM does. Where a checkpoint has several MTP layers, the
+first drafts every step (vLLM with ``num_nextn_predict_layers`` 1 does the same).
 
 Layouts (by their weight names):
   * ``model.layers.{L}.{enorm,hnorm,eh_proj,shared_head.norm,shared_head.head,<decoder layer>}`` (DeepSeek, GLM);
-  * ``mtp.{pre_fc_norm_embedding,pre_fc_norm_hidden,fc,norm,layers.0.<decoder layer>}`` (Qwen3-Next, Qwen3.5).
+  * ``mtp.{pre_fc_norm_embedding,pre_fc_norm_hidden,fc,norm,layers.0.<decoder layer>}`` (Qwen3-Next, Qwen3.5);
+  * ``model.mtp_layers.0.{token_layernorm,hidden_layernorm,input_proj,final_layernorm,<decoder layer>}`` (MiMo-7B:
+    ``input_proj`` reads [hidden; embedding], the output normed and fed back, the embedding zeroed at position 0).
 """
 
 from __future__ import annotations
@@ -44,6 +46,7 @@ class MtpLayout:
     block: str  # the decoder layer's prefix, relative to prefix
     normed_output: bool  # the fed-back feature is the final norm's output
     zero_first_embedding: bool
+    hidden_first: bool = False  # fc reads [hidden; embedding] (MiMo) rather than [embedding; hidden]
 
 
 LAYOUTS = (
@@ -53,6 +56,9 @@ LAYOUTS = (
     MtpLayout("qwen3_next", "mtp.", "fc.weight",
               {"pre_fc_norm_embedding": "emb_norm", "pre_fc_norm_hidden": "hidden_norm", "fc": "fc", "norm": "norm"},
               "layers.0.", True, False),
+    MtpLayout("mimo", "model.mtp_layers.0.", "input_proj.weight",
+              {"token_layernorm": "emb_norm", "hidden_layernorm": "hidden_norm", "input_proj": "fc",
+               "final_layernorm": "norm"}, "", True, True, hidden_first=True),
 )
 
 
@@ -203,7 +209,8 @@ class MtpHead(EagleHead):
         emb = self.embed_tokens(next_ids).to(dtype)
         if self.mtp_layout.zero_first_embedding:
             emb = emb.masked_fill((position_ids == 0)[..., None], 0.0)
-        h = self.fc(torch.cat([self.emb_norm(emb), self.hidden_norm(features.to(dtype))], dim=-1))
+        parts = [self.emb_norm(emb), self.hidden_norm(features.to(dtype))]
+        h = self.fc(torch.cat(parts[::-1] if self.mtp_layout.hidden_first else parts, dim=-1))
         layer = self.layers[0]
         out = layer(h, attention_mask=attention_mask, position_ids=position_ids, use_cache=cache is not None,
                     position_embeddings=self._rotary[0](h, position_ids, **self._rotary_kw),
@@ -220,7 +227,8 @@ def load_mtp(path: str | Path, target) -> MtpHead:
     found = find_mtp(path)
     if found is None:
         raise DraftTreeError(f"{path} holds no multi-token-prediction layer (DeepSeek-style "
-                             "model.layers.<L>.eh_proj or Qwen3-Next-style mtp.fc weights)")
+                             "model.layers.<L>.eh_proj, Qwen3-Next-style mtp.fc or MiMo-style "
+                             "model.mtp_layers.0.input_proj weights)")
     layout, prefix, files = found
     raw = _read(files)
     state: dict[str, torch.Tensor] = {}
