@@ -80,12 +80,8 @@ def load_head(path: str | Path, target, dtype: torch.dtype | None = None):
     unless ``dtype`` says otherwise (training continues a head in float32)."""
     if is_assistant(path):  # Gemma 4's drafters: a model of their own, read by transformers
         return load_assistant(path, target)
-    if find_mtp(path) is not None:  # a model's own checkpoint with its MTP layer (DeepSeek, GLM, Qwen3-Next)
-        head = load_mtp(path, target)
-        head.to(device=target.device, dtype=dtype or target.dtype).eval().requires_grad_(False)
-        move_to_huge_pages(head)
-        head.path = Path(path)
-        return head
+    if find_mtp(path) is not None:  # a model's own checkpoint with its MTP layer (DeepSeek, GLM, Qwen3-Next, MiMo)
+        return _ready(load_mtp(path, target), path, target, dtype)
     cfg = read_head_config(path)
     state = read_weights(path)
     state = {k.removeprefix("model."): v for k, v in state.items()}  # vLLM-style prefixes
@@ -95,11 +91,16 @@ def load_head(path: str | Path, target, dtype: torch.dtype | None = None):
                              "(EAGLE-3 only)")
     head = _load_eagle1(path, cfg, state, target) if layout == "eagle1" else _load_eagle3(path, cfg, state, target,
                                                                                          layout)
+    head.meta = cfg.get("drafttree", {})
+    head.layout = layout
+    return _ready(head, path, target, dtype)
+
+
+def _ready(head, path, target, dtype: torch.dtype | None):
+    """On the target's device, in its dtype (or ``dtype``), frozen, its weights on huge pages."""
     head.to(device=target.device, dtype=dtype or target.dtype).eval().requires_grad_(False)
     move_to_huge_pages(head)  # each draft level streams the head's weights, like a target forward (kernels/memory.py)
-    head.meta = cfg.get("drafttree", {})
     head.path = Path(path)
-    head.layout = layout
     return head
 
 
