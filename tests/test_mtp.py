@@ -245,3 +245,41 @@ def test_mtp_misfits_get_one_line(tmp_path):
     save_file(tensors, str(tmp_path / "fp8" / "model.safetensors"))
     with pytest.raises(DraftTreeError, match=r"is quantized \(model.layers.3.eh_proj.weight \(torch.float8_e4m3fn"):
         load_head_for(LoadedModel(target.model, IdsTokenizer(), "x", str(tmp_path / "fp8")), "mtp")
+
+
+def test_an_fp8_mtp_layer_with_block_scales_is_dequantized(tmp_path):
+    """DeepSeek-V3/R1 publish their MTP layer in FP8 with a float32 scale per 128 x 128 block (``weight_scale_inv``):
+    the head's weights are each block times its scale (computed here block by block), and it decodes exactly."""
+    _build("deepseek", tmp_path / "fp8")
+    path = tmp_path / "fp8"
+    target = _target(path)  # the target in float32 (transformers would quantize it with the config's FP8 settings)
+    cfg = json.loads((path / "config.json").read_text())
+    (path / "config.json").write_text(json.dumps(cfg | {"quantization_config": {"weight_block_size": [16, 16]}}))
+    with safe_open(str(path / "model.safetensors"), framework="pt") as f:
+        tensors = {k: f.get_tensor(k) for k in f.keys()}  # noqa: SIM118
+    expected = {}
+    for name in ("model.layers.3.eh_proj.weight", "model.layers.3.mlp.experts.1.gate_proj.weight"):
+        w = tensors[name]
+        scale = torch.rand((w.shape[0] + 15) // 16, (w.shape[1] + 15) // 16) / 8 + 0.01
+        q = torch.empty_like(w)
+        for i in range(scale.shape[0]):
+            for j in range(scale.shape[1]):
+                q[16 * i:16 * i + 16, 16 * j:16 * j + 16] = w[16 * i:16 * i + 16, 16 * j:16 * j + 16] / scale[i, j]
+        tensors[name] = q.to(torch.float8_e4m3fn)
+        tensors[name + "_scale_inv"] = scale
+        deq = torch.empty_like(w)
+        for i in range(scale.shape[0]):
+            for j in range(scale.shape[1]):
+                deq[16 * i:16 * i + 16, 16 * j:16 * j + 16] = (
+                    tensors[name][16 * i:16 * i + 16, 16 * j:16 * j + 16].float() * scale[i, j])
+        expected[name] = deq.to(torch.bfloat16).float()
+    save_file(tensors, str(path / "model.safetensors"))
+    head = load_head_for(target, "mtp")
+    torch.testing.assert_close(head.fc.weight, expected["model.layers.3.eh_proj.weight"], rtol=0, atol=0)
+    gate_up = head.layers[0].mlp.experts.gate_up_proj[1]  # expert 1's gate rows, then its up rows
+    gate = expected["model.layers.3.mlp.experts.1.gate_proj.weight"]
+    torch.testing.assert_close(gate_up[:gate.shape[0]], gate, rtol=0, atol=0)
+    sm = SpeculativeModel(target, method="eagle-chain", head=head)
+    for p in _prompts():
+        assert sm.generate(p, max_new_tokens=N, ignore_eos=True).tokens == sm.generate(
+            p, max_new_tokens=N, method="ar", ignore_eos=True).tokens

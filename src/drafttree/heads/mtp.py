@@ -113,6 +113,30 @@ def _read(files: dict[str, Path]) -> dict[str, torch.Tensor]:
     return out
 
 
+def _block_size(path: Path) -> tuple[int, int]:
+    """The FP8 quantization blocks of a checkpoint (``quantization_config.weight_block_size``; DeepSeek's 128 x 128)."""
+    try:
+        block = json.loads((path / "config.json").read_text()).get("quantization_config", {}).get("weight_block_size")
+        return (int(block[0]), int(block[1])) if block else (128, 128)
+    except (ValueError, AttributeError, TypeError, IndexError):
+        return (128, 128)
+
+
+def _dequantize_blocks(raw: dict[str, torch.Tensor], block: tuple[int, int]) -> dict[str, torch.Tensor]:
+    """FP8 weights with block-wise ``weight_scale_inv`` (DeepSeek-V3/R1's published checkpoints) back to bfloat16:
+    each [block] tile of the weight times its scale, as DeepSeek's and transformers' dequantization do."""
+    out = dict(raw)
+    for name in [k for k in raw if k.endswith(".weight_scale_inv")]:
+        weight = name.removesuffix("_scale_inv")
+        w, scale = out.get(weight), out.pop(name).float()
+        if w is None or w.dim() != 2 or scale.dim() != 2 or scale.shape[0] * block[0] < w.shape[0] or \
+                scale.shape[1] * block[1] < w.shape[1]:
+            raise DraftTreeError(f"MTP layer: {name} {tuple(scale.shape)} does not scale {weight} in {block} blocks")
+        tiles = scale.repeat_interleave(block[0], 0)[:w.shape[0]].repeat_interleave(block[1], 1)[:, :w.shape[1]]
+        out[weight] = (w.float() * tiles).to(torch.bfloat16)
+    return out
+
+
 def _layer_at(target_model: nn.Module, index: int):
     """The target's decoder-layer class built at ``index`` (past its last layer: MoE where the model puts MoE) and the
     config it reads, with per-layer lists extended by one full-attention entry; its cache slot is renumbered 0."""
@@ -230,7 +254,7 @@ def load_mtp(path: str | Path, target) -> MtpHead:
                              "model.layers.<L>.eh_proj, Qwen3-Next-style mtp.fc or MiMo-style "
                              "model.mtp_layers.0.input_proj weights)")
     layout, prefix, files = found
-    raw = _read(files)
+    raw = _dequantize_blocks(_read(files), _block_size(Path(path)))
     state: dict[str, torch.Tensor] = {}
     for k, v in raw.items():
         rel = k[len(prefix):]
@@ -243,7 +267,7 @@ def load_mtp(path: str | Path, target) -> MtpHead:
     quantized += sorted(f"{k} ({v.dtype})" for k, v in raw.items() if v.element_size() == 1)  # FP8 / int8 weights
     if quantized:
         raise DraftTreeError(f"the MTP layer in {path} is quantized ({quantized[0]}): drafttree reads MTP layers in "
-                             "float32 / float16 / bfloat16 only")
+                             "float32 / float16 / bfloat16, and FP8 with block-wise weight_scale_inv, only")
     own = {}
     for name, mine in (("own_head.weight", target.model.get_output_embeddings().weight),
                        ("embedding.weight", target.model.get_input_embeddings().weight)):
