@@ -26,6 +26,11 @@ class Method:
     needs: str  # "", "head", "draft", "model" (a head or a draft LM) or "any" (whatever is loaded, maybe nothing)
     build: Callable  # (target, draft, head, options) -> Drafter
     doc: str
+    head_kinds: tuple[str, ...] = ()  # the head kinds it drafts with (empty: any)
+
+    def fits(self, head) -> bool:
+        """Whether it can draft with ``head`` (a head-kind method with another kind of head cannot)."""
+        return not self.head_kinds or getattr(head, "kind", "eagle") in self.head_kinds
 
 
 def _ar(target, draft, head, o):
@@ -79,6 +84,8 @@ REGISTRY: dict[str, Method] = {
         ("eagle-chain-ldlp", "EAGLE chain, AdaEAGLE length predictor"),
         ("eagle-chain-ldlp-threshold", "EAGLE chain, LDLP and threshold"),
         ("eagle2-ldlp", "EAGLE-2 tree, depth from the LDLP")]},
+    "dflash": Method(EagleOptions, "head", _eagle("dflash"), "DFlash drafter, its whole block as a chain (one drafter "
+                     "forward)", head_kinds=("dflash",)),
 }
 METHODS = list(REGISTRY)
 HEAD_METHODS = [m for m, spec in REGISTRY.items() if spec.needs == "head"]
@@ -109,6 +116,9 @@ def make_drafter(method: str, target, draft=None, head=None, **options) -> Draft
         raise DraftTreeError(f"method {method!r} needs a draft model (--draft-model)")
     if spec.needs == "model" and draft is None and head is None:
         raise DraftTreeError(f"method {method!r} needs an EAGLE head or a draft model (--draft-model)")
+    if head is not None and spec.needs == "head" and not spec.fits(head):
+        raise DraftTreeError(f"method {method!r} drafts with a {' or '.join(spec.head_kinds)} head; the loaded head "
+                             f"({getattr(head, 'path', '?')}) is a {getattr(head, 'kind', 'eagle')} head")
     return spec.build(target, draft, head, opts)
 
 

@@ -8,7 +8,7 @@ from drafttree.drafters.hybrid import HybridDrafter, SwitchDrafter
 from drafttree.drafters.options import AUTO, DraftLMOptions, HybridOptions, SwitchOptions, parse_options
 from drafttree.errors import DraftTreeError
 from drafttree.live_curve import LiveCurve
-from drafttree.sources.model_sources import AssistantSource, DraftLMSource, HeadSource
+from drafttree.sources.model_sources import AssistantSource, DFlashSource, DraftLMSource, HeadSource
 from drafttree.sources.ngram import NgramSource
 
 SOURCE_NAMES = ("ngram", "corpus", "head", "draft")
@@ -42,7 +42,8 @@ def make_hybrid(target, draft=None, head=None, o: HybridOptions | None = None) -
         if corpus is not None:
             sources.append(corpus)
     if "head" in wanted and head is not None:
-        source = AssistantSource if getattr(head, "kind", "eagle") == "assistant" else HeadSource
+        kind = getattr(head, "kind", "eagle")
+        source = {"assistant": AssistantSource, "dflash": DFlashSource}.get(kind, HeadSource)
         sources.append(source(head, **model_kw))
     if "draft" in wanted and draft is not None:
         sources.append(DraftLMSource(draft.model, target.vocab_size, param_count(target.model), extend=o.extend,

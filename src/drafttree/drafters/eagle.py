@@ -18,6 +18,7 @@ from drafttree.budget import BudgetRounds, TreeBudget, check_prune_rule, cost_mo
 from drafttree.cache import GrowingCache
 from drafttree.drafters.assistant import AssistantState
 from drafttree.drafters.base import Drafter, DraftRequest
+from drafttree.drafters.dflash import DFlashState
 from drafttree.drafters.length_policies import (
     ConfidenceStop,
     FixedLength,
@@ -159,9 +160,13 @@ class EagleState:
         return out
 
 
-def state_for(head) -> EagleState | AssistantState:
-    """The tree stepper of ``head``: an EAGLE head's cached state, or a Gemma 4 assistant's (no cache of its own)."""
-    return AssistantState(head) if getattr(head, "kind", "eagle") == "assistant" else EagleState(head)
+def state_for(head) -> EagleState | AssistantState | DFlashState:
+    """The tree stepper of ``head``: an EAGLE head's cached state, a Gemma 4 assistant's (no cache of its own) or a
+    DFlash drafter's (one forward per round drafts every depth)."""
+    kind = getattr(head, "kind", "eagle")
+    if kind == "assistant":
+        return AssistantState(head)
+    return DFlashState(head) if kind == "dflash" else EagleState(head)
 
 
 # -- shapes: how a round's draft grows from the head ----------------------------------------------------------
@@ -255,7 +260,7 @@ class EagleDrafter(Drafter):
 
     def propose(self, req: DraftRequest) -> DraftTree:
         depth, stop = self.length.plan(req, self._last, self.shape.chain)
-        depth = min(depth, req.max_depth)
+        depth = min(depth, req.max_depth, getattr(self.state, "max_depth", depth))  # DFlash: one block deep
         if depth <= 0:
             return DraftTree.root_only(req.root)
         if isinstance(self.state, AssistantState):
@@ -289,7 +294,7 @@ CHAIN_MAX = 8  # k_max of the adaptive chain policies
 
 def _predictor(head: EagleHead, o: EagleOptions) -> LengthPredictor:
     if getattr(head, "kind", "eagle") != "eagle":
-        kind = "Gemma 4 assistant" if head.kind == "assistant" else "EAGLE-3 head"
+        kind = {"assistant": "Gemma 4 assistant", "dflash": "DFlash drafter"}.get(head.kind, "EAGLE-3 head")
         raise DraftTreeError("the AdaEAGLE length predictor reads the target's last hidden state: it works with "
                              f"EAGLE-1/2 heads, not with this {kind}")
     if o.ldlp is not None:
@@ -310,8 +315,17 @@ def _dynamic(target, o: EagleOptions) -> DynamicTreeShape:
     return DynamicTreeShape(o.top_k, total_tokens=o.total_tokens)
 
 
+def _block_depth(head) -> int:
+    """A DFlash drafter's whole block, as its paper verifies it; other heads refuse the method in one line."""
+    if getattr(head, "kind", "eagle") != "dflash":
+        raise DraftTreeError("method 'dflash' drafts with a DFlash drafter (--head DIR of a DFlashDraftModel); this "
+                             "head is not one: use eagle-chain")
+    return head.block_size - 1
+
+
 EAGLE_METHODS = {  # method -> (shape, length policy) built from the options
     "eagle-chain": lambda t, h, o: (ChainShape(), FixedLength(o.depth or 4)),
+    "dflash": lambda t, h, o: (ChainShape(), FixedLength(o.depth or _block_depth(h))),
     "eagle1": lambda t, h, o: (StaticTreeShape(o.tree), FixedLength(o.depth or 5)),
     "eagle2": lambda t, h, o: (_dynamic(t, o), FixedLength(o.depth or 8)),
     "eagle2-ldlp": lambda t, h, o: (_dynamic(t, o), PredictedLength(_predictor(h, o), o.depth_slack)),

@@ -23,6 +23,7 @@ from safetensors.torch import save_file
 
 from drafttree.errors import DraftTreeError
 from drafttree.heads.assistant import MODEL_TYPES as ASSISTANT_TYPES
+from drafttree.heads.dflash import is_dflash
 from drafttree.heads.eagle3_format import read_eagle3, write_eagle3
 from drafttree.heads.loading import head_layout, read_head_config, read_weights
 from drafttree.heads.mtp import find_mtp
@@ -72,6 +73,9 @@ def export_head(head_dir: str | Path, out_dir: str | Path, fmt: str) -> dict:
     if cfg.get("model_type") in ASSISTANT_TYPES:
         raise DraftTreeError(f"{head_dir} is a Gemma 4 assistant, a transformers model that vLLM and SGLang read as "
                              "it is: nothing to export")
+    if is_dflash(cfg):
+        raise DraftTreeError(f"{head_dir} is a DFlash drafter, published in the layout vLLM and SGLang read "
+                             "(speculative method dflash): nothing to export")
     state = read_weights(head_dir)
     layout = head_layout(cfg, state)
     if layout != "eagle1":

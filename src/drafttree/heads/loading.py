@@ -10,6 +10,8 @@ Layouts (detected from ``config.json`` and the weight names):
   * EAGLE-3, vLLM speculators: ``speculators_model_type: eagle3``, ``transformer_layer_config``,
     ``layers.0.*`` for ``midlayer.*``, top-level aux ids (layer inputs); ``norm_before_residual`` read as vLLM
     reads it (true when absent), ``norm_before_fc`` and ``norm_output`` honoured.
+  * DFlash (z-lab's ``DFlashDraftModel``): ``dflash_config`` in the config; drafts a whole block per forward
+    (heads/dflash.py).
 Weights in ``model.safetensors`` or ``pytorch_model.bin`` (``torch.load(weights_only=True)``: tensors only,
 never an arbitrary unpickle). A head that does not fit its target gets a one-line error.
 """
@@ -25,6 +27,7 @@ from safetensors.torch import load_file
 
 from drafttree.errors import DraftTreeError
 from drafttree.heads.assistant import is_assistant, load_assistant
+from drafttree.heads.dflash import is_dflash, load_dflash
 from drafttree.heads.eagle3 import Eagle3Head, default_aux_layers, layer_config_from
 from drafttree.heads.eagle3_format import read_eagle3
 from drafttree.heads.model import EagleHead
@@ -84,6 +87,8 @@ def load_head(path: str | Path, target, dtype: torch.dtype | None = None):
         return _ready(load_mtp(path, target), path, target, dtype)
     cfg = read_head_config(path)
     state = read_weights(path)
+    if is_dflash(cfg):  # z-lab's block drafters: the whole block in one forward
+        return _ready(load_dflash(path, cfg, state, target), path, target, dtype)
     state = {k.removeprefix("model."): v for k, v in state.items()}  # vLLM-style prefixes
     layout = head_layout(cfg, state)
     if layout == "speculators" and cfg["speculators_model_type"] != "eagle3":  # e.g. an EAGLE-1 speculator

@@ -66,7 +66,8 @@ class Service:
         self.created = int(time.time())
         have = {"": True, "head": sm.head is not None, "draft": sm.draft is not None,
                 "model": sm.head is not None or sm.draft is not None, "any": True}
-        self.methods = [m for m, spec in REGISTRY.items() if have[spec.needs]]
+        self.methods = [m for m, spec in REGISTRY.items()
+                        if have[spec.needs] and (sm.head is None or spec.fits(sm.head))]
 
     def start(self) -> None:
         if self.scheduler is None:

@@ -259,6 +259,37 @@ class AssistantSource(ExpandingSource):
         return self.state
 
 
+class DFlashSource(ExpandingSource):
+    """A DFlash drafter (heads/dflash.py): one forward drafts every depth of its block, so the first level costs a
+    drafter call and the deeper ones only their nodes' verification."""
+
+    name = "head"
+
+    def __init__(self, head, **kw):
+        super().__init__(**kw)
+        from drafttree.drafters.dflash import DFlashState
+
+        self.head = head
+        self.state = DFlashState(head)
+        self.depth = min(self.depth, self.state.max_depth)
+        self.cost = head.level_cost()  # the round's one forward
+
+    def level_cost(self, width: int) -> float:
+        return 0.0  # read from the round's forward
+
+    def begin(self, prompt: torch.Tensor, prefill_features: torch.Tensor, root: int) -> None:
+        from drafttree.drafters.dflash import DFlashState
+
+        self.state = DFlashState(self.head)
+        self.state.encode(prefill_features, prompt.reshape(-1).tolist()[1:] + [root], 0)
+
+    def observe(self, committed: list[int], features: torch.Tensor, next_root: int) -> None:
+        self.state.encode(features, committed[1:] + [next_root], self.state.root_pos)
+
+    def _stepper(self, rc: RoundContext):
+        return self.state
+
+
 class DraftLMSource(ExpandingSource):
     """A small LM sharing the target's tokenizer, drafting a top-k tree with tree attention."""
 

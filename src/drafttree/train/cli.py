@@ -49,9 +49,10 @@ def cmd_eval_head(args) -> int:
     target = load_model(args.model, dtype=args.dtype, device=args.device)
     heads = [load_head_for(target, None if h == "auto" else h, required=True) for h in args.head]
     for h in heads:
-        if h.kind == "assistant":
-            raise DraftTreeError(f"{h.path} is a Gemma 4 assistant: eval-head measures EAGLE heads on extracted "
-                                 "features; measure an assistant with `drafttree bench --head DIR`")
+        if h.kind in ("assistant", "dflash"):
+            what = "a Gemma 4 assistant" if h.kind == "assistant" else "a DFlash drafter"
+            raise DraftTreeError(f"{h.path} is {what}: eval-head measures EAGLE heads on extracted features; measure "
+                                 "it with `drafttree bench --head DIR`")
     manifest, samples = load_feature_dir(args.features, with_aux=any(h.kind == "eagle3" for h in heads))
     if manifest["target"]["hidden_size"] != target.config.hidden_size:
         raise DraftTreeError(f"features in {args.features} do not belong to {target.name}")

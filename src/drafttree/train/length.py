@@ -146,9 +146,9 @@ def cmd_train_length(args) -> int:
         raise DraftTreeError("--k-max, --lam, --epochs and --batch-tokens must be > 0")
     target = load_model(args.model, dtype=args.dtype, device=args.device)
     head = load_head_for(target, args.head, required=True)
-    if head.kind == "assistant":
-        raise DraftTreeError(f"{head.path} is a Gemma 4 assistant: the AdaEAGLE length predictor reads an EAGLE-1/2 "
-                             "head's states")
+    if head.kind in ("assistant", "dflash"):
+        what = "a Gemma 4 assistant" if head.kind == "assistant" else "a DFlash drafter"
+        raise DraftTreeError(f"{head.path} is {what}: the AdaEAGLE length predictor reads an EAGLE-1/2 head's states")
     if str(getattr(head, "layout", "")).startswith("mtp-"):
         raise DraftTreeError(f"{head.path} is a model's own MTP layer: the AdaEAGLE length predictor is trained for "
                              "drafttree's EAGLE-1/2 heads")

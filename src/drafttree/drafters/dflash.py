@@ -1,0 +1,92 @@
+"""A DFlash drafter (heads/dflash.py) as a tree stepper: what EAGLE's state is for a head.
+
+One drafter forward per round gives the draft distribution of every depth of the block at once: depth d's is the
+block's output at position root + d. Those are marginals, not conditioned on the tokens drafted above them, so every
+node at depth d has the same children's distribution: a chain is the argmax of each depth (the DFlash paper's own
+draft), a tree the best combinations (as Medusa's heads make trees). The state keeps the context keys and values of
+every committed position (the target's features there), appending each round's committed positions in the next
+round's forward; nothing drafted is ever cached, so nothing needs rolling back.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from drafttree.errors import DraftTreeError
+from drafttree.heads.dflash import DFlashHead
+
+
+class DFlashState:
+    """The tree stepper of a DFlash head; ``encode`` takes what EagleState.encode takes."""
+
+    vocab_ids = None
+
+    def __init__(self, head: DFlashHead):
+        self.head = head
+        self.max_depth = head.block_size - 1  # the deepest draft one block holds
+        self.past: list[list[torch.Tensor]] | None = None  # per layer [keys, values] buffers, room to grow
+        self.committed = 0  # context positions whose keys and values are cached
+        self.queued: list[torch.Tensor] = []  # features of committed positions not yet in the cache
+        self.root = 0
+        self.root_pos = 0
+        self._lp: torch.Tensor | None = None  # this round's log-probs per depth [block - 1, V]
+
+    def encode(self, feats: torch.Tensor, next_ids: list[int], start: int) -> None:
+        """Committed positions ``start..`` with the target's features there; ``next_ids[-1]`` is the new root."""
+        if start != self.committed + sum(f.shape[0] for f in self.queued):
+            raise RuntimeError(f"DFlash context out of order: positions from {start}, the drafter holds "
+                               f"{self.committed + sum(f.shape[0] for f in self.queued)}")
+        self.queued.append(feats)
+        self.root = int(next_ids[-1])
+        self.root_pos = start + len(next_ids)
+        self._lp = None
+
+    def _view(self) -> list[tuple[torch.Tensor, torch.Tensor]] | None:
+        return None if self.past is None else [(k[:, : self.committed], v[:, : self.committed]) for k, v in self.past]
+
+    def _append(self, new: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
+        c = new[0][0].shape[1]
+        end = self.committed + c
+        if self.past is None or self.past[0][0].shape[1] < end:
+            room = max(2 * end, 64)
+            grown = []
+            for i, (k, v) in enumerate(new):
+                bk = k.new_empty(k.shape[0], room, k.shape[2])
+                bv = v.new_empty(v.shape[0], room, v.shape[2])
+                if self.past is not None:
+                    bk[:, : self.committed] = self.past[i][0][:, : self.committed]
+                    bv[:, : self.committed] = self.past[i][1][:, : self.committed]
+                grown.append([bk, bv])
+            self.past = grown
+        for (bk, bv), (k, v) in zip(self.past, new):
+            bk[:, self.committed:end] = k
+            bv[:, self.committed:end] = v
+        self.committed = end
+
+    @torch.inference_mode()
+    def logprobs(self) -> torch.Tensor:
+        """Every depth's draft log-probs [block - 1, V]: one drafter forward per round, run on first use."""
+        if self._lp is None:
+            h = self.head
+            dev = h.fc.weight.device
+            feats = torch.cat([f.to(dev) for f in self.queued]) if self.queued else None
+            if feats is None or self.committed + feats.shape[0] != self.root_pos:
+                raise RuntimeError("the DFlash drafter has no context for its root")
+            ids = torch.full((h.block_size,), h.mask_token_id, dtype=torch.long, device=dev)
+            ids[0] = self.root
+            out, new = h.block(h.context(feats), ids, self.committed, self._view())
+            self._append(new)
+            self.queued = []
+            self._lp = torch.log_softmax(h.logits(out[1:]).float(), dim=-1)
+        return self._lp
+
+    def root_logprobs(self) -> torch.Tensor:
+        return self.logprobs()[0]
+
+    def expand(self, tokens: torch.Tensor, parent_slots: torch.Tensor, attend: torch.Tensor,
+               depth: int) -> torch.Tensor:
+        """The children's log-probs of ``tokens`` at ``depth``: depth + 1's, whichever their parents."""
+        if depth >= self.max_depth:
+            raise DraftTreeError(f"a DFlash block of {self.head.block_size} drafts {self.max_depth} tokens deep at "
+                                 f"most, asked for depth {depth + 1}")
+        return self.logprobs()[depth].expand(tokens.numel(), -1)

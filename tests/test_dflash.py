@@ -1,0 +1,249 @@
+"""DFlash drafters (z-lab's ``DFlashDraftModel``, heads/dflash.py), loaded from a checkpoint in the published layout:
+every round's draft is the one the published block computation gives (written here from its definition, with no cache:
+the target's hidden states at ``target_layer_ids`` as context keys and values of every layer, the block of the root and
+mask tokens attending to all of it and to itself), every method that takes a head gives plain decoding's tokens with one
+(float32, on a tiny Qwen3 and on the real default model; T=1 with a seed: plain sampling's), and a drafter that does
+not fit its target is refused in one line."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from safetensors.torch import save_file
+from test_architectures import IdsTokenizer
+from test_assistant import Recording
+from transformers import AutoConfig, AutoModelForCausalLM
+
+from drafttree.api import SpeculativeModel
+from drafttree.drafters import make_drafter
+from drafttree.errors import DraftTreeError
+from drafttree.heads.dflash import DFlashHead
+from drafttree.heads.export import export_head
+from drafttree.heads.loading import load_head
+from drafttree.models import LoadedModel
+
+V, H, L, N = 96, 64, 6, 20
+MASK, BLOCK = 95, 5
+BIAS = {5: 30.0, 9: 30.0}
+TARGET = dict(vocab_size=V, hidden_size=H, intermediate_size=2 * H, num_hidden_layers=L, num_attention_heads=4,
+              num_key_value_heads=2, head_dim=16, max_position_embeddings=512, tie_word_embeddings=False,
+              rope_parameters={"rope_type": "default", "rope_theta": 10000.0})
+
+
+def _target() -> LoadedModel:
+    cfg = AutoConfig.for_model("qwen3", **TARGET)
+    cfg.bos_token_id, cfg.eos_token_id = 0, None
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(cfg).eval().requires_grad_(False)
+    with torch.no_grad():  # sharpened, and tokens 5 and 9 likeliest most of the time: drafts get accepted
+        w = model.get_output_embeddings().weight
+        w.mul_(4.0)
+        w[9] = -w[5] * 3
+        w[5] = w[5] * 3
+    model.generation_config.eos_token_id, model.generation_config.pad_token_id = None, 0
+    return LoadedModel(model, IdsTokenizer(), "tiny-qwen3", "")
+
+
+def _checkpoint(path, hidden: int = H, layers: int = 2, ids=(1, 3), heads: int = 4, kv: int = 2, dim: int = 16,
+                vocab: int = V, **extra) -> dict[str, torch.Tensor]:
+    """A random DFlash checkpoint as z-lab publishes one (config.json + model.safetensors); returns its tensors."""
+    g = torch.Generator().manual_seed(7)
+
+    def rnd(*shape, scale=None):
+        return torch.randn(*shape, generator=g) * (scale or shape[-1] ** -0.5)
+
+    def norm(n):
+        return 1.0 + 0.1 * torch.randn(n, generator=g)
+
+    w = {"fc.weight": rnd(hidden, len(ids) * hidden), "hidden_norm.weight": norm(hidden), "norm.weight": norm(hidden)}
+    for i in range(layers):
+        p = f"layers.{i}."
+        a = p + "self_attn."
+        w |= {p + "input_layernorm.weight": norm(hidden), p + "post_attention_layernorm.weight": norm(hidden),
+              a + "q_proj.weight": rnd(heads * dim, hidden), a + "k_proj.weight": rnd(kv * dim, hidden),
+              a + "v_proj.weight": rnd(kv * dim, hidden), a + "o_proj.weight": rnd(hidden, heads * dim),
+              a + "q_norm.weight": norm(dim), a + "k_norm.weight": norm(dim),
+              p + "mlp.gate_proj.weight": rnd(2 * hidden, hidden), p + "mlp.up_proj.weight": rnd(2 * hidden, hidden),
+              p + "mlp.down_proj.weight": rnd(hidden, 2 * hidden)}
+    cfg = {"architectures": ["DFlashDraftModel"], "auto_map": {"AutoModel": "dflash.DFlashDraftModel"},
+           "model_type": "qwen3", "block_size": BLOCK, "dflash_config": {"mask_token_id": MASK,
+                                                                        "target_layer_ids": list(ids)},
+           "hidden_size": hidden, "intermediate_size": 2 * hidden, "num_hidden_layers": layers,
+           "num_attention_heads": heads, "num_key_value_heads": kv, "head_dim": dim, "vocab_size": vocab,
+           "rms_norm_eps": 1e-6, "rope_theta": 10000.0, "max_position_embeddings": 512, "attention_bias": False,
+           "num_target_layers": L, "tie_word_embeddings": False, "dtype": "bfloat16"} | extra
+    path.mkdir(parents=True, exist_ok=True)
+    (path / "config.json").write_text(json.dumps(cfg))
+    save_file({k: v.to(torch.bfloat16) for k, v in w.items()}, str(path / "model.safetensors"))
+    return {k: v.to(torch.bfloat16).float() for k, v in w.items()}
+
+
+def _rms(x, w, eps=1e-6):
+    return w * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps))
+
+
+def _reference_logits(w: dict, target: LoadedModel, context: list[int], layers: int = 2, ids=(1, 3), heads: int = 4,
+                      kv: int = 2, dim: int = 16) -> torch.Tensor:
+    """The published block computation, cache-free: logits [BLOCK - 1, V] for depths 1.. after ``context`` (its last
+    token the root), the context keys and values from the target's hidden states (layer outputs) at ``ids``."""
+    with torch.no_grad():
+        out = target.model(torch.tensor([context[:-1]]), output_hidden_states=True)
+        feats = torch.cat([out.hidden_states[i + 1][0] for i in ids], -1)
+        ctx = _rms(feats @ w["fc.weight"].T, w["hidden_norm.weight"])
+        n = len(context) - 1  # the root's position
+        x = target.model.get_input_embeddings().weight[torch.tensor([context[-1]] + [MASK] * (BLOCK - 1))]
+        pos = torch.arange(n + BLOCK, dtype=torch.float32)
+        freqs = pos[:, None] / 10000.0 ** (torch.arange(0, dim, 2) / dim)[None]
+        cos, sin = torch.cat([freqs, freqs], -1).cos(), torch.cat([freqs, freqs], -1).sin()
+
+        def rope(t, c, s):  # t [heads, T, dim]
+            return t * c + torch.cat([-t[..., dim // 2:], t[..., : dim // 2]], -1) * s
+
+        for i in range(layers):
+            p = f"layers.{i}."
+            h = _rms(x, w[p + "input_layernorm.weight"])
+            q = _rms((h @ w[p + "self_attn.q_proj.weight"].T).view(BLOCK, heads, dim), w[p + "self_attn.q_norm.weight"])
+            both = torch.cat([ctx, h])
+            k = _rms((both @ w[p + "self_attn.k_proj.weight"].T).view(-1, kv, dim), w[p + "self_attn.k_norm.weight"])
+            v = (both @ w[p + "self_attn.v_proj.weight"].T).view(-1, kv, dim)
+            q, k, v = q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1)
+            q, k = rope(q, cos[n:], sin[n:]), rope(k, cos, sin)
+            k, v = k.repeat_interleave(heads // kv, 0), v.repeat_interleave(heads // kv, 0)
+            att = torch.softmax(q @ k.transpose(1, 2) / dim ** 0.5, -1) @ v  # every key: no mask
+            x = x + att.transpose(0, 1).reshape(BLOCK, -1) @ w[p + "self_attn.o_proj.weight"].T
+            y = _rms(x, w[p + "post_attention_layernorm.weight"])
+            gate, up = y @ w[p + "mlp.gate_proj.weight"].T, y @ w[p + "mlp.up_proj.weight"].T
+            x = x + (torch.nn.functional.silu(gate) * up) @ w[p + "mlp.down_proj.weight"].T
+        return _rms(x, w["norm.weight"])[1:] @ target.model.get_output_embeddings().weight.T
+
+
+def _prompts() -> list[torch.Tensor]:
+    g = torch.Generator().manual_seed(1)
+    prompts = [torch.randint(2, MASK, (k,), generator=g) for k in (7, 19)]
+    prompts[1][10:16] = prompts[1][:6]
+    return prompts
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory):
+    path = tmp_path_factory.mktemp("dflash") / "drafter"
+    return path, _checkpoint(path), _target()
+
+
+def test_the_drafter_computes_the_published_block(built):
+    path, w, target = built
+    head = load_head(path, target)
+    assert isinstance(head, DFlashHead) and head.aux_layers == [2, 4] and head.block_size == BLOCK
+    state = make_drafter("dflash", target, head=head).state
+    ctx = _prompts()[1].tolist()
+    with torch.no_grad():
+        feats = target.model(torch.tensor([ctx[:-1]]), output_hidden_states=True).hidden_states
+    state.encode(torch.cat([feats[2][0], feats[4][0]], -1), ctx[1:], 0)  # outputs of layers 1 and 3
+    torch.testing.assert_close(state.logprobs(), torch.log_softmax(_reference_logits(w, target, ctx), -1))
+
+
+def test_every_rounds_draft_is_the_published_block(built):
+    path, w, target = built
+    head = load_head(path, target)
+    sm = SpeculativeModel(target, method="dflash", head=head)
+    accepted = checked = 0
+    for prompt in _prompts():
+        drafter = Recording(make_drafter("dflash", target, head=head))
+        out = sm.generate(prompt, max_new_tokens=N, ignore_eos=True, drafter=drafter)
+        assert out.tokens == sm.generate(prompt, max_new_tokens=N, method="ar", ignore_eos=True).tokens
+        accepted += out.new_tokens - out.target_forwards
+        for context, chain in drafter.rounds:
+            assert chain == _reference_logits(w, target, context).argmax(-1).tolist()[: len(chain)], len(context)
+            checked += len(chain)
+    assert checked > 0 and accepted > 0  # rounds that committed several tokens moved the context on by as many
+
+
+@pytest.mark.parametrize("method,options", [("dflash", {}), ("eagle-chain", {"depth": 2}), ("eagle2", {}),
+                                            ("auto", {}), ("hybrid", {"sources": "head"})])
+def test_every_method_gives_plain_decodings_tokens_with_a_dflash_drafter(built, method, options):
+    path, _, target = built
+    sm = SpeculativeModel(target, method=method, head=load_head(path, target), **options)
+    prompts = _prompts()
+    with torch.no_grad():
+        refs = [target.model.generate(p[None], attention_mask=torch.ones(1, p.numel(), dtype=torch.long),
+                                      do_sample=False, max_new_tokens=N, min_new_tokens=N)[0, p.numel():].tolist()
+                for p in prompts]
+    outs = [sm.generate(p, max_new_tokens=N, ignore_eos=True) for p in prompts]
+    assert [o.tokens for o in outs] == refs
+    if method not in ("auto", "hybrid"):  # these draft every round (the hybrid where its gates say it pays)
+        assert sum(o.new_tokens for o in outs) > sum(o.target_forwards for o in outs)  # drafts were accepted
+    assert [r.tokens for r in sm.generate(list(prompts), max_new_tokens=N, ignore_eos=True)] == refs  # a batch
+    biased = [sm.generate(p, max_new_tokens=N, method="ar", ignore_eos=True, logit_bias=BIAS).tokens for p in prompts]
+    assert [sm.generate(p, max_new_tokens=N, ignore_eos=True, logit_bias=BIAS).tokens for p in prompts] == biased
+    alone = [sm.generate(p, max_new_tokens=N, method="ar", ignore_eos=True, temperature=1.0, seed=5).tokens
+             for p in prompts]
+    assert [sm.generate(p, max_new_tokens=N, ignore_eos=True, temperature=1.0, seed=5).tokens
+            for p in prompts] == alone
+
+
+def test_a_sliding_causal_drafter_masks_as_published(tmp_path):
+    """Layers marked sliding attention are causal within the block and windowed (the published code's mask)."""
+    target = _target()
+    _checkpoint(tmp_path / "d", layer_types=["sliding_attention", "full_attention"], use_sliding_window=True,
+                sliding_window=4, max_window_layers=0)
+    head = load_head(tmp_path / "d", target)
+    assert head.causal == [True, False] and head.windows == [4, None]
+    mask = head._mask(0, 10, 15, BLOCK, "cpu")[0, 0]
+    assert mask[0].nonzero().flatten().tolist() == [7, 8, 9, 10] and mask[4].nonzero().flatten().tolist() == [11, 12,
+                                                                                                              13, 14]
+    sm = SpeculativeModel(target, method="dflash", head=head)
+    p = _prompts()[1]
+    assert sm.generate(p, max_new_tokens=N, ignore_eos=True).tokens == sm.generate(
+        p, max_new_tokens=N, method="ar", ignore_eos=True).tokens
+
+
+def test_a_dflash_drafter_that_does_not_fit_gets_one_line(built, tmp_path):
+    _, _, target = built
+    cases = [
+        (dict(hidden=32), "hidden size 32 vs target 64"),
+        (dict(ids=(1, 5)), r"target layers \[1, 5\] out of range for a target of 6 layers"),
+        (dict(dflash_config={"mask_token_id": 500, "target_layer_ids": [1, 3]}), "mask token 500 outside"),
+        (dict(architectures=["DFlash2DraftModel"]), "is a DFlash2 drafter"),
+        (dict(dflash_config={"mask_token_id": MASK}), "target_layer_ids must list layer numbers"),
+        (dict(block_size=1), "block size 1"),
+    ]
+    for i, (kw, message) in enumerate(cases):
+        _checkpoint(tmp_path / str(i), **kw)
+        with pytest.raises(DraftTreeError, match=message) as e:
+            load_head(tmp_path / str(i), target)
+        assert "\n" not in str(e.value)
+    _checkpoint(tmp_path / "short", layers=2)
+    cfg = json.loads((tmp_path / "short" / "config.json").read_text())
+    (tmp_path / "short" / "config.json").write_text(json.dumps(cfg | {"num_hidden_layers": 3}))
+    with pytest.raises(DraftTreeError, match=r"weights do not match the architecture \(missing \['layers.2"):
+        load_head(tmp_path / "short", target)
+    _checkpoint(tmp_path / "narrow", dim=8, heads=8)  # q_proj 64 x 64 is right, q_norm is 8 wide: a shape misfit
+    cfg = json.loads((tmp_path / "narrow" / "config.json").read_text())
+    (tmp_path / "narrow" / "config.json").write_text(json.dumps(cfg | {"head_dim": 16}))
+    with pytest.raises(DraftTreeError, match="weights do not match the architecture") as e:
+        load_head(tmp_path / "narrow", target)
+    assert "\n" not in str(e.value)
+    with pytest.raises(DraftTreeError, match="is a DFlash drafter"):
+        export_head(tmp_path / "0", tmp_path / "out", "vllm")
+
+
+def test_dflash_method_refuses_other_heads(default_fp32):
+    from drafttree.heads import load_head_for
+
+    with pytest.raises(DraftTreeError, match="method .dflash. drafts with a dflash head; the loaded head .* is a"):
+        make_drafter("dflash", default_fp32, head=load_head_for(default_fp32, None))
+
+
+def test_a_dflash_drafter_is_lossless_on_the_default_model(default_fp32, tmp_path):
+    """A random DFlash drafter as wide as SmolLM2 (9 heads of 64, 3 key-value heads) on the real default model."""
+    cfg = default_fp32.model.config
+    _checkpoint(tmp_path / "smol", hidden=cfg.hidden_size, layers=1, ids=(1, 14, 26), heads=9, kv=3, dim=64,
+                vocab=cfg.vocab_size, dflash_config={"mask_token_id": 0, "target_layer_ids": [1, 14, 26]})
+    head = load_head(tmp_path / "smol", default_fp32)
+    prompt = "Repeat exactly: the quick brown fox jumps over the lazy dog. The quick brown fox"
+    plain = SpeculativeModel(default_fp32, method="ar").generate(prompt, max_new_tokens=32, ignore_eos=True).tokens
+    for method in ("dflash", "auto"):
+        sm = SpeculativeModel(default_fp32, method=method, head=head)
+        assert sm.generate(prompt, max_new_tokens=32, ignore_eos=True).tokens == plain, method
