@@ -26,6 +26,7 @@ from drafttree.models import LoadedModel
 
 V, H, L, N = 96, 64, 6, 20
 MASK, BLOCK = 95, 5
+KERNEL, GROUP, RANK, TOPK = 2, 16, 8, 6  # DFlash2's convolution and candidate selector
 BIAS = {5: 30.0, 9: 30.0}
 TARGET = dict(vocab_size=V, hidden_size=H, intermediate_size=2 * H, num_hidden_layers=L, num_attention_heads=4,
               num_key_value_heads=2, head_dim=16, max_position_embeddings=512, tie_word_embeddings=False,
@@ -47,7 +48,7 @@ def _target() -> LoadedModel:
 
 
 def _checkpoint(path, hidden: int = H, layers: int = 2, ids=(1, 3), heads: int = 4, kv: int = 2, dim: int = 16,
-                vocab: int = V, **extra) -> dict[str, torch.Tensor]:
+                vocab: int = V, dflash2: bool = False, **extra) -> dict[str, torch.Tensor]:
     """A random DFlash checkpoint as z-lab publishes one (config.json + model.safetensors); returns its tensors."""
     g = torch.Generator().manual_seed(7)
 
@@ -67,6 +68,17 @@ def _checkpoint(path, hidden: int = H, layers: int = 2, ids=(1, 3), heads: int =
               a + "q_norm.weight": norm(dim), a + "k_norm.weight": norm(dim),
               p + "mlp.gate_proj.weight": rnd(2 * hidden, hidden), p + "mlp.up_proj.weight": rnd(2 * hidden, hidden),
               p + "mlp.down_proj.weight": rnd(hidden, 2 * hidden)}
+    if dflash2:  # convolutions around each attention and MLP, and the candidate selector (no ``.weight`` suffix)
+        for i in range(layers):
+            for conv in ("attention_conv", "mlp_conv"):
+                w[f"layers.{i}.{conv}.base_kernel"] = rnd(2, KERNEL, hidden, scale=0.5)
+                w[f"layers.{i}.{conv}.kernel_projection.weight"] = rnd(2 * KERNEL * hidden // GROUP, hidden)
+        w |= {"candidate_selector.predecessor_codebook": rnd(vocab, RANK, scale=0.3),
+              "candidate_selector.successor_codebook": rnd(vocab, RANK, scale=0.3),
+              "candidate_selector.hidden_projection.weight": rnd(RANK, hidden)}
+        extra = {"architectures": ["DFlash2DraftModel"], "dflash_config": {
+            "mask_token_id": MASK, "target_layer_ids": list(ids), "conv_kernel_size": KERNEL, "conv_group_size": GROUP,
+            "selector_rank": RANK, "selector_top_k": TOPK, "output_multiplier": 0.5, "final_logit_softcapping": 20.0}}
     cfg = {"architectures": ["DFlashDraftModel"], "auto_map": {"AutoModel": "dflash.DFlashDraftModel"},
            "model_type": "qwen3", "block_size": BLOCK, "dflash_config": {"mask_token_id": MASK,
                                                                         "target_layer_ids": list(ids)},
@@ -84,8 +96,23 @@ def _rms(x, w, eps=1e-6):
     return w * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps))
 
 
+def _conv(x: torch.Tensor, w: dict, name: str, which: int, dyn: torch.Tensor) -> torch.Tensor:
+    """DFlash2's convolution from its definition: out[t] = sum over o < K of (base[o] + dyn[t, o, group]) * x[t - o]."""
+    base = w[name + ".base_kernel"][which]  # [K, H]
+    out = torch.zeros_like(x)
+    for t in range(x.shape[0]):
+        for o in range(min(KERNEL, t + 1)):
+            out[t] += (base[o] + dyn[t, o].repeat_interleave(GROUP)) * x[t - o]
+    return out
+
+
+def _conv_pair(x, w, name):
+    dyn = (x @ w[name + ".kernel_projection.weight"].T).view(x.shape[0], 2, KERNEL, -1)
+    return _conv(x, w, name, 0, dyn[:, 0]), dyn[:, 1]
+
+
 def _reference_logits(w: dict, target: LoadedModel, context: list[int], layers: int = 2, ids=(1, 3), heads: int = 4,
-                      kv: int = 2, dim: int = 16) -> torch.Tensor:
+                      kv: int = 2, dim: int = 16, hidden: bool = False) -> torch.Tensor:
     """The published block computation, cache-free: logits [BLOCK - 1, V] for depths 1.. after ``context`` (its last
     token the root), the context keys and values from the target's hidden states (layer outputs) at ``ids``."""
     with torch.no_grad():
@@ -104,6 +131,9 @@ def _reference_logits(w: dict, target: LoadedModel, context: list[int], layers: 
         for i in range(layers):
             p = f"layers.{i}."
             h = _rms(x, w[p + "input_layernorm.weight"])
+            dflash2 = p + "attention_conv.base_kernel" in w
+            if dflash2:
+                h, second = _conv_pair(h, w, p + "attention_conv")
             q = _rms((h @ w[p + "self_attn.q_proj.weight"].T).view(BLOCK, heads, dim), w[p + "self_attn.q_norm.weight"])
             both = torch.cat([ctx, h])
             k = _rms((both @ w[p + "self_attn.k_proj.weight"].T).view(-1, kv, dim), w[p + "self_attn.k_norm.weight"])
@@ -112,11 +142,36 @@ def _reference_logits(w: dict, target: LoadedModel, context: list[int], layers: 
             q, k = rope(q, cos[n:], sin[n:]), rope(k, cos, sin)
             k, v = k.repeat_interleave(heads // kv, 0), v.repeat_interleave(heads // kv, 0)
             att = torch.softmax(q @ k.transpose(1, 2) / dim ** 0.5, -1) @ v  # every key: no mask
-            x = x + att.transpose(0, 1).reshape(BLOCK, -1) @ w[p + "self_attn.o_proj.weight"].T
+            a = att.transpose(0, 1).reshape(BLOCK, -1) @ w[p + "self_attn.o_proj.weight"].T
+            x = x + (_conv(a, w, p + "attention_conv", 1, second) if dflash2 else a)
             y = _rms(x, w[p + "post_attention_layernorm.weight"])
+            if dflash2:
+                y, second = _conv_pair(y, w, p + "mlp_conv")
             gate, up = y @ w[p + "mlp.gate_proj.weight"].T, y @ w[p + "mlp.up_proj.weight"].T
-            x = x + (torch.nn.functional.silu(gate) * up) @ w[p + "mlp.down_proj.weight"].T
-        return _rms(x, w["norm.weight"])[1:] @ target.model.get_output_embeddings().weight.T
+            m = (torch.nn.functional.silu(gate) * up) @ w[p + "mlp.down_proj.weight"].T
+            x = x + (_conv(m, w, p + "mlp_conv", 1, second) if dflash2 else m)
+        out = _rms(x, w["norm.weight"])[1:]
+        logits = out @ target.model.get_output_embeddings().weight.T
+        if dflash2:
+            logits = torch.tanh(logits * 0.5 / 20.0) * 20.0
+        return (logits, out) if hidden else logits
+
+
+def _reference_draft(w: dict, target: LoadedModel, context: list[int]) -> list[int]:
+    """The block's draft: each depth's argmax, or for DFlash2 the candidate selector's path (each depth's top
+    candidates rescored after the token chosen above, from the root down)."""
+    logits, out = _reference_logits(w, target, context, hidden=True)
+    if "candidate_selector.hidden_projection.weight" not in w:
+        return logits.argmax(-1).tolist()
+    proj = out @ w["candidate_selector.hidden_projection.weight"].T
+    prev, path = context[-1], []
+    for d in range(BLOCK - 1):
+        unary, cands = logits[d].topk(TOPK)
+        pair = (w["candidate_selector.predecessor_codebook"][prev] * proj[d]) @ \
+            w["candidate_selector.successor_codebook"][cands].T
+        prev = int(cands[(unary + pair).argmax()])
+        path.append(prev)
+    return path
 
 
 def _prompts() -> list[torch.Tensor]:
@@ -126,16 +181,17 @@ def _prompts() -> list[torch.Tensor]:
     return prompts
 
 
-@pytest.fixture(scope="module")
-def built(tmp_path_factory):
-    path = tmp_path_factory.mktemp("dflash") / "drafter"
-    return path, _checkpoint(path), _target()
+@pytest.fixture(scope="module", params=["dflash", "dflash2"])
+def built(request, tmp_path_factory):
+    path = tmp_path_factory.mktemp(request.param) / "drafter"
+    return path, _checkpoint(path, dflash2=request.param == "dflash2"), _target()
 
 
 def test_the_drafter_computes_the_published_block(built):
     path, w, target = built
     head = load_head(path, target)
     assert isinstance(head, DFlashHead) and head.aux_layers == [2, 4] and head.block_size == BLOCK
+    assert head.layout == ("dflash2" if "candidate_selector.hidden_projection.weight" in w else "dflash")
     state = make_drafter("dflash", target, head=head).state
     ctx = _prompts()[1].tolist()
     with torch.no_grad():
@@ -155,7 +211,7 @@ def test_every_rounds_draft_is_the_published_block(built):
         assert out.tokens == sm.generate(prompt, max_new_tokens=N, method="ar", ignore_eos=True).tokens
         accepted += out.new_tokens - out.target_forwards
         for context, chain in drafter.rounds:
-            assert chain == _reference_logits(w, target, context).argmax(-1).tolist()[: len(chain)], len(context)
+            assert chain == _reference_draft(w, target, context)[: len(chain)], len(context)
             checked += len(chain)
     assert checked > 0 and accepted > 0  # rounds that committed several tokens moved the context on by as many
 
@@ -199,13 +255,13 @@ def test_a_sliding_causal_drafter_masks_as_published(tmp_path):
         p, max_new_tokens=N, method="ar", ignore_eos=True).tokens
 
 
-def test_a_dflash_drafter_that_does_not_fit_gets_one_line(built, tmp_path):
-    _, _, target = built
+def test_a_dflash_drafter_that_does_not_fit_gets_one_line(tmp_path):
+    target = _target()
     cases = [
         (dict(hidden=32), "hidden size 32 vs target 64"),
         (dict(ids=(1, 5)), r"target layers \[1, 5\] out of range for a target of 6 layers"),
         (dict(dflash_config={"mask_token_id": 500, "target_layer_ids": [1, 3]}), "mask token 500 outside"),
-        (dict(architectures=["DFlash2DraftModel"]), "is a DFlash2 drafter"),
+        (dict(architectures=["DFlash2DraftModel"]), "a DFlash2 config needs positive integers conv_kernel_size"),
         (dict(dflash_config={"mask_token_id": MASK}), "target_layer_ids must list layer numbers"),
         (dict(block_size=1), "block size 1"),
     ]
@@ -247,3 +303,22 @@ def test_a_dflash_drafter_is_lossless_on_the_default_model(default_fp32, tmp_pat
     for method in ("dflash", "auto"):
         sm = SpeculativeModel(default_fp32, method=method, head=head)
         assert sm.generate(prompt, max_new_tokens=32, ignore_eos=True).tokens == plain, method
+
+
+def test_a_published_drafter_loads_by_its_hub_id_from_the_local_cache(built, tmp_path, monkeypatch):
+    """``--head org/name``: the snapshot in the Hugging Face cache, as `hf download` leaves it (never fetched)."""
+    import shutil
+
+    from huggingface_hub import constants
+
+    path, _, target = built
+    snap = tmp_path / "hub" / "models--z-lab--tiny-DFlash-b5" / "snapshots" / "abc123"
+    shutil.copytree(path, snap)
+    (snap.parent.parent / "refs").mkdir()
+    (snap.parent.parent / "refs" / "main").write_text("abc123")
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
+    head = load_head("z-lab/tiny-DFlash-b5", target)
+    assert isinstance(head, DFlashHead) and head.path == snap
+    with pytest.raises(DraftTreeError, match="z-lab/absent is neither a directory nor a hub model in the local") as e:
+        load_head("z-lab/absent", target)
+    assert "\n" not in str(e.value)

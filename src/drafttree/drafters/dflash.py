@@ -6,6 +6,10 @@ node at depth d has the same children's distribution: a chain is the argmax of e
 draft), a tree the best combinations (as Medusa's heads make trees). The state keeps the context keys and values of
 every committed position (the target's features there), appending each round's committed positions in the next
 round's forward; nothing drafted is ever cached, so nothing needs rolling back.
+
+A DFlash2 drafter's distributions do depend on the path: each depth's top candidates are rescored by the token chosen
+above them (its candidate selector), so ``expand`` scores the children of each node after that node's own token, and
+outside the candidates a draft has probability zero.
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ class DFlashState:
         self.root = 0
         self.root_pos = 0
         self._lp: torch.Tensor | None = None  # this round's log-probs per depth [block - 1, V]
+        self._cands: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None  # DFlash2: unary, cands, proj
 
     def encode(self, feats: torch.Tensor, next_ids: list[int], start: int) -> None:
         """Committed positions ``start..`` with the target's features there; ``next_ids[-1]`` is the new root."""
@@ -77,10 +82,25 @@ class DFlashState:
             out, new = h.block(h.context(feats), ids, self.committed, self._view())
             self._append(new)
             self.queued = []
-            self._lp = torch.log_softmax(h.logits(out[1:]).float(), dim=-1)
+            logits = h.logits(out[1:])
+            if h.selector is not None:  # DFlash2: each depth's candidates, rescored by their predecessor later
+                unary, cands = logits.topk(min(h.selector.top_k, logits.shape[-1]), dim=-1)
+                self._cands = (unary, cands, h.selector.hidden_projection(out[1:]))
+            self._lp = torch.log_softmax(logits.float(), dim=-1)
         return self._lp
 
+    @torch.inference_mode()
+    def _selected(self, depth: int, prev: torch.Tensor) -> torch.Tensor:
+        """DFlash2: the log-probs [m, V] at ``depth`` (0-based) after each predecessor token in ``prev`` [m]."""
+        self.logprobs()
+        unary, cands, proj = (t[depth] for t in self._cands)
+        scores = self.head.selector.scores(unary, cands, proj, prev.to(cands.device))
+        full = torch.full((prev.numel(), self._lp.shape[-1]), float("-inf"), device=scores.device)
+        return full.scatter_(1, cands.expand(prev.numel(), -1), torch.log_softmax(scores.float(), dim=-1))
+
     def root_logprobs(self) -> torch.Tensor:
+        if self.head.selector is not None:
+            return self._selected(0, torch.tensor([self.root]))[0]
         return self.logprobs()[0]
 
     def expand(self, tokens: torch.Tensor, parent_slots: torch.Tensor, attend: torch.Tensor,
@@ -89,4 +109,6 @@ class DFlashState:
         if depth >= self.max_depth:
             raise DraftTreeError(f"a DFlash block of {self.head.block_size} drafts {self.max_depth} tokens deep at "
                                  f"most, asked for depth {depth + 1}")
+        if self.head.selector is not None:
+            return self._selected(depth, tokens)
         return self.logprobs()[depth].expand(tokens.numel(), -1)

@@ -13,8 +13,14 @@ round (the drafter's cache); the block's are recomputed each round.
 Checkpoint (``config.json``: a Qwen3 config, ``architectures: ["DFlashDraftModel"]``, ``dflash_config:
 {target_layer_ids, mask_token_id}``, ``block_size``): ``fc.weight`` [H, k*H], ``hidden_norm.weight``, ``norm.weight``
 and ``layers.<i>.{input_layernorm, self_attn.{q,k,v,o}_proj, self_attn.{q,k}_norm, post_attention_layernorm,
-mlp.{gate,up,down}_proj}`` (Qwen3 decoder layers: their modules hold the weights here, this file runs them). DFlash2
-drafters (causal convolutions and a candidate selector) are refused in one line.
+mlp.{gate,up,down}_proj}`` (Qwen3 decoder layers: their modules hold the weights here, this file runs them).
+
+DFlash2 (``DFlash2DraftModel``; ``conv_kernel_size``, ``conv_group_size``, ``selector_rank``, ``selector_top_k`` in
+``dflash_config``) adds a grouped dynamic causal convolution over the block's positions before and after each layer's
+attention and MLP (``layers.<i>.{attention,mlp}_conv.{base_kernel, kernel_projection.weight}``), and a candidate
+selector: each depth's ``selector_top_k`` likeliest tokens are rescored by a low-rank term between the token chosen
+above (the predecessor) and each candidate (``candidate_selector.{predecessor,successor}_codebook``, read with or
+without a ``.weight`` suffix, and ``hidden_projection``), so its drafts depend on the path above them.
 """
 
 from __future__ import annotations
@@ -27,8 +33,6 @@ from torch import nn
 
 from drafttree.errors import DraftTreeError
 
-ARCHITECTURE = "DFlashDraftModel"
-
 
 def is_dflash(cfg: dict) -> bool:
     """Whether a head directory's config describes a DFlash drafter (either generation)."""
@@ -40,6 +44,53 @@ def _value(cfg: dict, name: str, default=None):
     """A DFlash setting: ``dflash_config`` first (newer checkpoints), then the top level (older ones)."""
     inner = cfg.get("dflash_config") or {}
     return inner.get(name, cfg.get(name, default))
+
+
+class CausalGroupConv(nn.Module):
+    """DFlash2's grouped dynamic causal convolution along the block: output at position t sums, over offsets o < K, the
+    input at t - o times (a learnt kernel + a kernel computed from the input at t), per channel group."""
+
+    def __init__(self, hidden: int, kernel_size: int, group_size: int):
+        super().__init__()
+        self.kernel_size, self.group_size = kernel_size, group_size
+        self.base_kernel = nn.Parameter(torch.empty(2, kernel_size, hidden))
+        self.kernel_projection = nn.Linear(hidden, 2 * kernel_size * (hidden // group_size), bias=False)
+
+    def _conv(self, x: torch.Tensor, dyn: torch.Tensor, base: torch.Tensor) -> torch.Tensor:
+        t, h = x.shape
+        groups = h // self.group_size
+        blocks = x.view(t, groups, self.group_size)
+        out = torch.zeros_like(blocks)
+        for o in range(self.kernel_size):
+            shifted = blocks if o == 0 else F.pad(blocks[:-o], (0, 0, 0, 0, o, 0))
+            out = out + base[o].view(groups, self.group_size).to(x.dtype) * shifted
+            out = torch.addcmul(out, dyn[:, o, :, None], shifted)
+        return out.view(t, h)
+
+    def prepare(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The input convolved with the first kernel, and the second kernel's dynamic part for :meth:`finish`."""
+        dyn = self.kernel_projection(x).view(x.shape[0], 2, self.kernel_size, -1)
+        return self._conv(x, dyn[:, 0], self.base_kernel[0]), dyn[:, 1]
+
+    def finish(self, x: torch.Tensor, dyn: torch.Tensor) -> torch.Tensor:
+        return self._conv(x, dyn, self.base_kernel[1])
+
+
+class CandidateSelector(nn.Module):
+    """DFlash2's rescoring of each depth's top candidates by their predecessor (the token drafted above)."""
+
+    def __init__(self, vocab: int, hidden: int, rank: int, top_k: int):
+        super().__init__()
+        self.top_k = top_k
+        self.predecessor_codebook = nn.Embedding(vocab, rank)
+        self.successor_codebook = nn.Embedding(vocab, rank)
+        self.hidden_projection = nn.Linear(hidden, rank, bias=False)
+
+    def scores(self, unary: torch.Tensor, cands: torch.Tensor, proj: torch.Tensor, prev: torch.Tensor) -> torch.Tensor:
+        """One depth's candidate scores [m, k] after the ``m`` predecessors ``prev`` (``unary``, ``cands`` [k] and
+        ``proj`` [rank] are the depth's)."""
+        pair = (self.predecessor_codebook(prev) * proj[None]) @ self.successor_codebook(cands).T
+        return unary[None] + pair
 
 
 def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -102,9 +153,25 @@ class DFlashHead(nn.Module):
         self.output_multiplier = float(_value(cfg, "output_multiplier", 1.0))
         softcap = _value(cfg, "final_logit_softcapping")
         self.softcap = float(softcap) if softcap else None
+        self.selector = None
+        if "DFlash2" in " ".join(cfg.get("architectures") or []) or _value(cfg, "selector_rank") is not None:
+            self._dflash2(cfg, config, where)
         self._embed = [target_model.get_input_embeddings()]  # frozen, the target's, never saved
         self._lm_head = [target_model.get_output_embeddings()]
         self.target_params = sum(p.numel() for p in target_model.parameters())
+
+    def _dflash2(self, cfg: dict, config, where: str) -> None:
+        names = ("conv_kernel_size", "conv_group_size", "selector_rank", "selector_top_k")
+        values = {n: _value(cfg, n) for n in names}
+        bad = [n for n, v in values.items() if not isinstance(v, int) or v < 1]
+        h = config.hidden_size
+        if bad or h % values["conv_group_size"]:
+            raise DraftTreeError(f"{where}: a DFlash2 config needs positive integers {', '.join(names)} "
+                                 f"(conv_group_size dividing the hidden size {h}); got {values}")
+        for layer in self.layers:
+            layer.attention_conv = CausalGroupConv(h, values["conv_kernel_size"], values["conv_group_size"])
+            layer.mlp_conv = CausalGroupConv(h, values["conv_kernel_size"], values["conv_group_size"])
+        self.selector = CandidateSelector(config.vocab_size, h, values["selector_rank"], values["selector_top_k"])
 
     def level_cost(self) -> float:
         """One drafter forward in target forwards: the bytes it reads (its layers and the target's LM head) over the
@@ -144,6 +211,9 @@ class DFlashHead(nn.Module):
             attn = layer.self_attn
             d = attn.head_dim
             hx = layer.input_layernorm(x)
+            convs = getattr(layer, "attention_conv", None) is not None  # DFlash2
+            if convs:
+                hx, second = layer.attention_conv.prepare(hx)
             q = attn.q_norm(attn.q_proj(hx).view(b, -1, d)).transpose(0, 1)
             kv_in = torch.cat([ctx, hx])
             k = attn.k_norm(attn.k_proj(kv_in).view(c + b, -1, d)).transpose(0, 1)
@@ -155,8 +225,14 @@ class DFlashHead(nn.Module):
             mask = self._mask(i, start + c, k.shape[1], b, dev)
             out = F.scaled_dot_product_attention(q[None], k[None], v[None], attn_mask=mask, scale=attn.scaling,
                                                  enable_gqa=q.shape[0] != k.shape[0])[0]
-            x = x + attn.o_proj(out.transpose(0, 1).reshape(b, -1))
-            x = x + layer.mlp(layer.post_attention_layernorm(x))
+            a = attn.o_proj(out.transpose(0, 1).reshape(b, -1))
+            x = x + (layer.attention_conv.finish(a, second) if convs else a)
+            m = layer.post_attention_layernorm(x)
+            if convs:
+                m, second = layer.mlp_conv.prepare(m)
+                x = x + layer.mlp_conv.finish(layer.mlp(m), second)
+            else:
+                x = x + layer.mlp(m)
         return self.norm(x), new
 
     def _mask(self, layer: int, first_query: int, keys: int, b: int, dev) -> torch.Tensor | None:
@@ -186,12 +262,13 @@ def _layer_total(model: nn.Module) -> int:
 def load_dflash(path: str | Path, cfg: dict, state: dict[str, torch.Tensor], target) -> DFlashHead:
     """A DFlash checkpoint (``cfg``, its tensors ``state``) for ``target`` (a LoadedModel); a misfit is one line."""
     where = f"DFlash drafter {path}"
-    arch = " ".join(cfg.get("architectures") or [])
-    if "DFlash2" in arch or "candidate_selector.hidden_projection.weight" in state:
-        raise DraftTreeError(f"{where} is a DFlash2 drafter (causal convolutions and a candidate selector): only "
-                             f"DFlash ({ARCHITECTURE}) drafters load")
     head = DFlashHead(cfg, target.model, where)
     state = {k.removeprefix("model."): v for k, v in state.items()}
+    for name in ("predecessor_codebook", "successor_codebook"):  # published without the ``.weight`` suffix
+        key = f"candidate_selector.{name}"
+        if key in state:
+            state[f"{key}.weight"] = state.pop(key)
+    state = {k.replace("candidate_selector.", "selector.", 1): v for k, v in state.items()}
     try:
         missing, unexpected = head.load_state_dict(state, strict=False)
     except RuntimeError as e:  # a tensor of another shape
@@ -200,6 +277,6 @@ def load_dflash(path: str | Path, cfg: dict, state: dict[str, torch.Tensor], tar
     if missing or unexpected:
         raise DraftTreeError(f"{where}: weights do not match the architecture (missing {missing[:3]}, unexpected "
                              f"{unexpected[:3]})")
-    head.layout = "dflash"
+    head.layout = "dflash2" if head.selector is not None else "dflash"
     head.meta = {}
     return head

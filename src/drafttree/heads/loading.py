@@ -78,9 +78,26 @@ def head_layout(cfg: dict, keys) -> str:
     return "eagle1"
 
 
+def head_dir(path: str | Path) -> Path:
+    """``path`` itself, or for a hub id (``org/name``) that is no local path, its snapshot in the Hugging Face cache
+    (never fetched: download it first, e.g. ``hf download org/name``)."""
+    p = Path(path)
+    text = str(path)
+    if p.exists() or text.count("/") != 1 or text.startswith((".", "/", "~")):
+        return p
+    try:
+        from huggingface_hub import snapshot_download
+
+        return Path(snapshot_download(text, local_files_only=True))
+    except Exception:  # not a valid id, or not in the cache
+        raise DraftTreeError(f"head not found: {text} is neither a directory nor a hub model in the local Hugging "
+                             f"Face cache (download it first: hf download {text})") from None
+
+
 def load_head(path: str | Path, target, dtype: torch.dtype | None = None):
     """Load a head for ``target`` (a LoadedModel), refusing one that does not fit it; in the target's dtype
-    unless ``dtype`` says otherwise (training continues a head in float32)."""
+    unless ``dtype`` says otherwise (training continues a head in float32). ``path``: a directory or a cached hub id."""
+    path = head_dir(path)
     if is_assistant(path):  # Gemma 4's drafters: a model of their own, read by transformers
         return load_assistant(path, target)
     if find_mtp(path) is not None:  # a model's own checkpoint with its MTP layer (DeepSeek, GLM, Qwen3-Next, MiMo)
