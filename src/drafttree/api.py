@@ -102,8 +102,10 @@ class SpeculativeModel:
             raise DraftTreeError(f"method {method!r} needs a draft model (draft_model=... / --draft-model)")
         if head and head != "auto":
             if head != "mtp":  # mtp: the MTP layer in the model's own checkpoint
-                head = str(Path(head).expanduser())
-                if not Path(head).exists():
+                from drafttree.heads.loading import head_dir
+
+                head = str(head_dir(Path(head).expanduser()))  # a hub id: its cached snapshot
+                if not Path(head).exists():  # said before the model loads
                     raise DraftTreeError(f"head not found: {head}")
             if needs not in ("head", "model", "any"):
                 raise DraftTreeError(f"method {method!r} does not use an EAGLE head: leave out head=/--head, or "

@@ -118,7 +118,7 @@ def make_drafter(method: str, target, draft=None, head=None, **options) -> Draft
         raise DraftTreeError(f"method {method!r} needs an EAGLE head or a draft model (--draft-model)")
     if head is not None and spec.needs == "head" and not spec.fits(head):
         raise DraftTreeError(f"method {method!r} drafts with a {' or '.join(spec.head_kinds)} head; the loaded head "
-                             f"({getattr(head, 'path', '?')}) is a {getattr(head, 'kind', 'eagle')} head")
+                             f"({getattr(head, 'path', '?')}) is of kind {getattr(head, 'kind', 'eagle')!r}")
     return spec.build(target, draft, head, opts)
 
 
