@@ -322,3 +322,28 @@ def test_a_published_drafter_loads_by_its_hub_id_from_the_local_cache(built, tmp
     with pytest.raises(DraftTreeError, match="z-lab/absent is neither a directory nor a hub model in the local") as e:
         load_head("z-lab/absent", target)
     assert "\n" not in str(e.value)
+
+
+def test_a_dflash_drafter_on_a_hybrid_target_verifies_chains_exactly(tmp_path):
+    """z-lab publishes DFlash drafters for gated-delta-net hybrids (Qwen3-Coder-Next, Qwen3.5): such a target verifies
+    chains (chain_target.py), and every method still gives its greedy text."""
+    from test_chain_target import ARCHS as HYBRIDS
+    from test_chain_target import BASE
+
+    cfg = AutoConfig.for_model("qwen3_5_text", **(BASE | HYBRIDS["qwen3_5_text"]))
+    cfg.bos_token_id, cfg.eos_token_id = 0, None
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(cfg).eval().requires_grad_(False)
+    with torch.no_grad():
+        model.get_output_embeddings().weight.mul_(4.0)
+    model.generation_config.eos_token_id, model.generation_config.pad_token_id = None, 0
+    target = LoadedModel(model, IdsTokenizer(), "tiny-qwen3.5", "")
+    _checkpoint(tmp_path / "d", ids=(0, 2))
+    head = load_head(tmp_path / "d", target)
+    for method in ("dflash", "auto"):
+        sm = SpeculativeModel(target, method=method, head=head)
+        for p in _prompts():
+            with torch.no_grad():
+                ref = model.generate(p[None], attention_mask=torch.ones(1, p.numel(), dtype=torch.long),
+                                     do_sample=False, max_new_tokens=N, min_new_tokens=N)[0, p.numel():].tolist()
+            assert sm.generate(p, max_new_tokens=N, ignore_eos=True).tokens == ref, method
