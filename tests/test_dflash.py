@@ -262,7 +262,7 @@ def test_a_dflash_drafter_that_does_not_fit_gets_one_line(tmp_path):
         (dict(ids=(1, 5)), r"target layers \[1, 5\] out of range for a target of 6 layers"),
         (dict(dflash_config={"mask_token_id": 500, "target_layer_ids": [1, 3]}), "mask token 500 outside"),
         (dict(architectures=["DFlash2DraftModel"]), "a DFlash2 config needs positive integers conv_kernel_size"),
-        (dict(dflash_config={"mask_token_id": MASK}), "target_layer_ids must list layer numbers"),
+        (dict(dflash_config={"mask_token_id": MASK, "target_layer_ids": "1,3"}), "target_layer_ids must list layer"),
         (dict(block_size=1), "block size 1"),
     ]
     for i, (kw, message) in enumerate(cases):
@@ -347,3 +347,77 @@ def test_a_dflash_drafter_on_a_hybrid_target_verifies_chains_exactly(tmp_path):
                 ref = model.generate(p[None], attention_mask=torch.ones(1, p.numel(), dtype=torch.long),
                                      do_sample=False, max_new_tokens=N, min_new_tokens=N)[0, p.numel():].tolist()
             assert sm.generate(p, max_new_tokens=N, ignore_eos=True).tokens == ref, method
+
+
+def _muse(path, window: int = 512) -> torch.nn.Module:
+    """Transformers' own DFlash drafter (``muse_glimmer_assistant``), random, saved as transformers saves it."""
+    from transformers.models.muse_glimmer_assistant import MuseGlimmerAssistantConfig, MuseGlimmerAssistantModel
+
+    cfg = MuseGlimmerAssistantConfig(hidden_size=H, intermediate_size=2 * H, num_hidden_layers=2, num_attention_heads=4,
+                                     num_key_value_heads=2, head_dim=16, sliding_window=window, block_size=BLOCK,
+                                     mask_token_id=MASK, target_layer_ids=[1, 3], bos_token_id=0, eos_token_id=None,
+                                     pad_token_id=0, rope_parameters={"rope_type": "default", "rope_theta": 10000.0})
+    torch.manual_seed(3)
+    model = MuseGlimmerAssistantModel(cfg).eval().requires_grad_(False)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.copy_(1.0 + 0.1 * torch.randn_like(p) if p.dim() == 1 else torch.randn_like(p) * p.shape[-1] ** -0.5)
+    model.save_pretrained(path)
+    return model
+
+
+@pytest.mark.parametrize("window", [512, 4])
+def test_transformers_own_dflash_drafter_drafts_as_transformers_computes_it(tmp_path, window):
+    """Transformers' DFlash drafter class (its own implementation, read here from its saved directory with its own
+    names) gives the same block outputs as transformers' model does, round after round; with a window of 4 its
+    sliding layers' bidirectional windows cut the context."""
+    from transformers.cache_utils import DFlashCache
+
+    target = _target()
+    muse = _muse(tmp_path / "muse", window)
+    head = load_head(tmp_path / "muse", target)
+    assert head.layout == "muse" and head.causal == [False, False] and head.windows == [window, window]
+    state = make_drafter("dflash", target, head=head).state
+    ctx = _prompts()[1].tolist()
+    with torch.no_grad():
+        hs = target.model(torch.tensor([ctx]), output_hidden_states=True).hidden_states
+    feats = torch.cat([hs[2][0], hs[4][0]], -1)
+    for n in (12, 14, 17):  # three rounds: the cache carries the context from one to the next
+        state.encode(feats[state.root_pos if state.root_pos else 0: n], ctx[(state.root_pos or 0) + 1: n + 1],
+                     state.root_pos)
+        with torch.no_grad():
+            cache = DFlashCache(config=muse.config)
+            cache.set_previous_accepted_tokens(n)
+            block = torch.tensor([ctx[n]] + [MASK] * (BLOCK - 1))
+            emb = target.model.get_input_embeddings()(block)[None]
+            pos = torch.arange(n + BLOCK)[None]
+            out = muse(noise_embeds=emb, context_hidden_states=feats[None, :n], position_ids=pos,
+                       cache=cache).last_hidden_state[0]
+        want = torch.log_softmax(target.model.get_output_embeddings()(out[1:]), -1)
+        torch.testing.assert_close(state.logprobs(), want, rtol=1e-4, atol=1e-4)
+
+
+def test_older_sharded_and_vllm_extended_checkpoints(tmp_path):
+    target = _target()
+    w = _checkpoint(tmp_path / "old", dflash_config={"mask_token_id": MASK})  # no target_layer_ids: z-lab's default
+    cfg = json.loads((tmp_path / "old" / "config.json").read_text())
+    (tmp_path / "old" / "config.json").write_text(json.dumps(cfg | {"num_target_layers": 6}))
+    assert load_head(tmp_path / "old", target).target_layer_ids == [1, 3]  # round(1 + i * (6 - 4) / 1)
+    shards = tmp_path / "sharded"  # a large drafter's weights in several files, listed by an index
+    _checkpoint(shards)
+    names = sorted(w)
+    for i, part in enumerate((names[::2], names[1::2])):
+        save_file({k: w[k].to(torch.bfloat16) for k in part}, str(shards / f"model-0000{i + 1}-of-00002.safetensors"))
+    (shards / "model.safetensors").unlink()
+    (shards / "model.safetensors.index.json").write_text(json.dumps({"weight_map": {
+        k: f"model-0000{1 + names.index(k) % 2}-of-00002.safetensors" for k in names}}))
+    one, two = load_head(tmp_path / "old", target), load_head(shards, target)
+    assert all(torch.equal(a, b) for a, b in zip(one.state_dict().values(), two.state_dict().values()))
+    _checkpoint(tmp_path / "vllm", use_swa=True)
+    with pytest.raises(DraftTreeError, match="uses vLLM's DFlash extensions .use_swa.") as e:
+        load_head(tmp_path / "vllm", target)
+    assert "\n" not in str(e.value)
+    _checkpoint(tmp_path / "sink")
+    torch.save(torch.zeros(H), tmp_path / "sink" / "mask_embedding.pt")
+    with pytest.raises(DraftTreeError, match="learnt mask embedding"):
+        load_head(tmp_path / "sink", target)

@@ -21,6 +21,11 @@ attention and MLP (``layers.<i>.{attention,mlp}_conv.{base_kernel, kernel_projec
 selector: each depth's ``selector_top_k`` likeliest tokens are rescored by a low-rank term between the token chosen
 above (the predecessor) and each candidate (``candidate_selector.{predecessor,successor}_codebook``, read with or
 without a ``.weight`` suffix, and ``hidden_projection``), so its drafts depend on the path above them.
+
+Also read: transformers' layout of the same drafter (``model_type: muse_glimmer_assistant``: ``encoder.fc``,
+``encoder.output_norm_enc``, settings at the top level; bidirectional attention, windowed in sliding layers), and older
+checkpoints without ``target_layer_ids`` (z-lab's default layers). vLLM's own DFlash extensions (``causal``,
+``use_swa``, attention sinks, a learnt mask embedding) are refused in one line.
 """
 
 from __future__ import annotations
@@ -33,11 +38,24 @@ from torch import nn
 
 from drafttree.errors import DraftTreeError
 
+MUSE = "muse_glimmer_assistant"  # a DFlash drafter in transformers' layout (``encoder.fc``, ...)
+# vLLM's DFlash extensions, which z-lab's code does not have: refused rather than silently drafted without
+VLLM_ONLY = ("causal", "use_swa", "swa_window_size", "attention_sink_bias")
+
 
 def is_dflash(cfg: dict) -> bool:
-    """Whether a head directory's config describes a DFlash drafter (either generation)."""
+    """Whether a head directory's config describes a DFlash drafter (either generation, or transformers' layout)."""
     arch = " ".join(cfg.get("architectures") or [])
-    return "DFlash" in arch or "dflash_config" in cfg
+    return "DFlash" in arch or "dflash_config" in cfg or cfg.get("model_type") == MUSE or "MuseGlimmerAssistant" in arch
+
+
+def default_layer_ids(target_layers: int, draft_layers: int) -> list[int]:
+    """The layers older DFlash checkpoints leave implicit (z-lab's rule): the middle one for a one-layer drafter, else
+    evenly spaced from layer 1 to layer L - 3."""
+    if draft_layers == 1:
+        return [target_layers // 2]
+    span = target_layers - 4
+    return [int(round(1 + i * span / (draft_layers - 1))) for i in range(draft_layers)]
 
 
 def _value(cfg: dict, name: str, default=None):
@@ -110,16 +128,25 @@ class DFlashHead(nn.Module):
         from transformers import AutoConfig
         from transformers.models.qwen3.modeling_qwen3 import Qwen3DecoderLayer, Qwen3RMSNorm, Qwen3RotaryEmbedding
 
+        unsupported = [k for k in VLLM_ONLY if k in cfg or k in (cfg.get("dflash_config") or {})]
+        if unsupported:
+            raise DraftTreeError(f"{where} uses vLLM's DFlash extensions ({', '.join(unsupported)}), which z-lab's "
+                                 "published drafters do not: not supported")
         fields = {k: v for k, v in cfg.items() if k not in ("architectures", "auto_map", "model_type")}
+        if cfg.get("model_type") == MUSE:  # transformers' DFlash assistant: bidirectional, windowed where sliding
+            fields |= {"is_causal": False, "use_sliding_window": True}
+            cfg = {**cfg, "is_causal": False}
         try:
             config = AutoConfig.for_model("qwen3", **fields)
         except Exception as e:  # a config transformers cannot read as Qwen3's
             raise DraftTreeError(f"{where}: its config is not a Qwen3 config ({str(e).splitlines()[0]})") from None
         config._attn_implementation = "sdpa"
         self.config = config
-        ids = _value(cfg, "target_layer_ids")
         tcfg = target_model.config.get_text_config()
         layers = _layer_total(target_model)
+        ids = _value(cfg, "target_layer_ids")
+        if ids is None and "dflash_config" in cfg:  # older checkpoints: z-lab's default for the target's depth
+            ids = default_layer_ids(int(cfg.get("num_target_layers") or layers), config.num_hidden_layers)
         problems = []
         if not isinstance(ids, list) or not ids or not all(isinstance(i, int) for i in ids):
             raise DraftTreeError(f"{where}: dflash_config.target_layer_ids must list layer numbers, got {ids!r}")
@@ -133,6 +160,8 @@ class DFlashHead(nn.Module):
         if not isinstance(self.mask_token_id, int) or not 0 <= self.mask_token_id < rows:
             problems.append(f"mask token {self.mask_token_id!r} outside the target's {rows} embedding rows")
         self.block_size = _value(cfg, "block_size", 16)
+        if isinstance(self.block_size, float) and self.block_size.is_integer():
+            self.block_size = int(self.block_size)
         if not isinstance(self.block_size, int) or self.block_size < 2:
             problems.append(f"block size {self.block_size!r} (at least 2: the root and one token to draft)")
         if problems:
@@ -148,11 +177,14 @@ class DFlashHead(nn.Module):
         types = getattr(config, "layer_types", None) or ["full_attention"] * config.num_hidden_layers
         causal = cfg.get("is_causal")
         self.windows = [config.sliding_window if t == "sliding_attention" else None for t in types]
+        # z-lab's windows keep keys less than the window away; transformers' bidirectional ones (its layout's) keep
+        # keys up to the window away, inclusive
+        self.inclusive = cfg.get("model_type") == MUSE
         self.causal = [t == "sliding_attention" if causal is None else bool(causal) for t in types]
         self.input_scale = float(_value(cfg, "input_embedding_scale", 1.0))
         self.output_multiplier = float(_value(cfg, "output_multiplier", 1.0))
         softcap = _value(cfg, "final_logit_softcapping")
-        self.softcap = float(softcap) if softcap else None
+        self.softcap = float(softcap) if softcap is not None and float(softcap) > 0 else None
         self.selector = None
         if "DFlash2" in " ".join(cfg.get("architectures") or []) or _value(cfg, "selector_rank") is not None:
             self._dflash2(cfg, config, where)
@@ -247,6 +279,7 @@ class DFlashHead(nn.Module):
         if causal:
             seen &= kp <= qp
         if window is not None:
+            window += int(self.inclusive)
             seen &= qp - kp < window
             if not causal:
                 seen &= kp - qp < window
@@ -262,8 +295,14 @@ def _layer_total(model: nn.Module) -> int:
 def load_dflash(path: str | Path, cfg: dict, state: dict[str, torch.Tensor], target) -> DFlashHead:
     """A DFlash checkpoint (``cfg``, its tensors ``state``) for ``target`` (a LoadedModel); a misfit is one line."""
     where = f"DFlash drafter {path}"
+    if (Path(path) / "mask_embedding.pt").exists():
+        raise DraftTreeError(f"{where} carries a learnt mask embedding (mask_embedding.pt, vLLM's DFlash extension), "
+                             "which z-lab's published drafters do not: not supported")
     head = DFlashHead(cfg, target.model, where)
     state = {k.removeprefix("model."): v for k, v in state.items()}
+    renames = {"encoder.fc.": "fc.", "encoder.output_norm_enc.": "hidden_norm."}  # transformers' assistant layout
+    state = {next((new + k[len(old):] for old, new in renames.items() if k.startswith(old)), k): v
+             for k, v in state.items()}
     for name in ("predecessor_codebook", "successor_codebook"):  # published without the ``.weight`` suffix
         key = f"candidate_selector.{name}"
         if key in state:
@@ -277,6 +316,6 @@ def load_dflash(path: str | Path, cfg: dict, state: dict[str, torch.Tensor], tar
     if missing or unexpected:
         raise DraftTreeError(f"{where}: weights do not match the architecture (missing {missing[:3]}, unexpected "
                              f"{unexpected[:3]})")
-    head.layout = "dflash2" if head.selector is not None else "dflash"
+    head.layout = "dflash2" if head.selector is not None else ("muse" if cfg.get("model_type") == MUSE else "dflash")
     head.meta = {}
     return head

@@ -36,13 +36,14 @@ from drafttree.kernels.memory import move_to_huge_pages
 from drafttree.target import layer_count
 
 WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")
+INDEX = "model.safetensors.index.json"  # or shards listed there
 
 
 def read_head_config(path: str | Path) -> dict:
     path = Path(path)
     if not path.exists():
         raise DraftTreeError(f"head not found: {path}")
-    if not (path / "config.json").exists() or not any((path / f).exists() for f in WEIGHT_FILES):
+    if not (path / "config.json").exists() or not any((path / f).exists() for f in WEIGHT_FILES + (INDEX,)):
         raise DraftTreeError(f"{path} is not a head directory (needs config.json and model.safetensors or "
                              "pytorch_model.bin)")
     try:
@@ -54,14 +55,20 @@ def read_head_config(path: str | Path) -> dict:
 def read_weights(path: str | Path) -> dict[str, torch.Tensor]:
     path = Path(path)
     st, binary = path / "model.safetensors", path / "pytorch_model.bin"
+    index = path / "model.safetensors.index.json"
     try:
         if st.exists():
             return load_file(str(st), device="cpu")
+        if index.exists():  # a sharded head (a large drafter's weights in several files)
+            files = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+            return {k: v for f in files for k, v in load_file(str(path / f), device="cpu").items()}
         state = torch.load(binary, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as e:
         raise DraftTreeError(f"{binary} holds more than tensors; refusing to unpickle it ({e})") from None
     except Exception as e:
-        raise DraftTreeError(f"{st if st.exists() else binary} is unreadable ({e})") from None
+        where = st if st.exists() else index if index.exists() else binary
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise DraftTreeError(f"{where} is unreadable ({first})") from None
     if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
         raise DraftTreeError(f"{binary} is not a state dict of tensors")
     return state
