@@ -413,11 +413,37 @@ def test_older_sharded_and_vllm_extended_checkpoints(tmp_path):
         k: f"model-0000{1 + names.index(k) % 2}-of-00002.safetensors" for k in names}}))
     one, two = load_head(tmp_path / "old", target), load_head(shards, target)
     assert all(torch.equal(a, b) for a, b in zip(one.state_dict().values(), two.state_dict().values()))
-    _checkpoint(tmp_path / "vllm", use_swa=True)
-    with pytest.raises(DraftTreeError, match="uses vLLM's DFlash extensions .use_swa.") as e:
-        load_head(tmp_path / "vllm", target)
+    _checkpoint(tmp_path / "sinks", dflash_config={"mask_token_id": MASK, "target_layer_ids": [1, 3],
+                                                   "attention_sink_bias": True})
+    with pytest.raises(DraftTreeError, match="uses vLLM's DFlash extensions .attention_sink_bias.") as e:
+        load_head(tmp_path / "sinks", target)
     assert "\n" not in str(e.value)
     _checkpoint(tmp_path / "sink")
     torch.save(torch.zeros(H), tmp_path / "sink" / "mask_embedding.pt")
     with pytest.raises(DraftTreeError, match="learnt mask embedding"):
         load_head(tmp_path / "sink", target)
+
+
+def test_vllms_dflash_conventions_are_read_as_vllm_reads_them(tmp_path):
+    """vLLM's config keys (``dflash_config.use_swa`` / ``swa_window_size``: every layer windowed; ``causal``: every
+    layer's causality) and its ``midlayer.`` name for a one-layer drafter's layer; decoding stays exact."""
+    target = _target()
+    dc = {"mask_token_id": MASK, "target_layer_ids": [1, 3]}
+    _checkpoint(tmp_path / "swa", dflash_config=dc | {"use_swa": True, "swa_window_size": 3})
+    head = load_head(tmp_path / "swa", target)
+    assert head.windows == [3, 3] and head.causal == [False, False]
+    _checkpoint(tmp_path / "causal", dflash_config=dc | {"causal": True})
+    assert load_head(tmp_path / "causal", target).causal == [True, True]
+    w = _checkpoint(tmp_path / "one", layers=1)
+    mid = tmp_path / "mid"
+    mid.mkdir()
+    (mid / "config.json").write_text((tmp_path / "one" / "config.json").read_text())
+    save_file({k.replace("layers.0.", "midlayer."): v.to(torch.bfloat16) for k, v in w.items()},
+              str(mid / "model.safetensors"))
+    a, b = load_head(tmp_path / "one", target), load_head(mid, target)
+    assert all(torch.equal(x, y) for x, y in zip(a.state_dict().values(), b.state_dict().values()))
+    p = _prompts()[1]
+    plain = SpeculativeModel(target, method="ar").generate(p, max_new_tokens=N, ignore_eos=True).tokens
+    for h in (head, b):
+        assert SpeculativeModel(target, method="dflash", head=h).generate(p, max_new_tokens=N,
+                                                                          ignore_eos=True).tokens == plain

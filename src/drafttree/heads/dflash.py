@@ -25,7 +25,8 @@ without a ``.weight`` suffix, and ``hidden_projection``), so its drafts depend o
 Also read: transformers' layout of the same drafter (``model_type: muse_glimmer_assistant``: ``encoder.fc``,
 ``encoder.output_norm_enc``, settings at the top level; bidirectional attention, windowed in sliding layers), and older
 checkpoints without ``target_layer_ids`` (z-lab's default layers). vLLM's own DFlash extensions (``causal``,
-``use_swa``, attention sinks, a learnt mask embedding) are refused in one line.
+``use_swa``, ``swa_window_size``, ``midlayer.`` names) are read as vLLM reads them; attention sinks and a learnt mask
+embedding are refused in one line.
 """
 
 from __future__ import annotations
@@ -40,7 +41,7 @@ from drafttree.errors import DraftTreeError
 
 MUSE = "muse_glimmer_assistant"  # a DFlash drafter in transformers' layout (``encoder.fc``, ...)
 # vLLM's DFlash extensions, which z-lab's code does not have: refused rather than silently drafted without
-VLLM_ONLY = ("causal", "use_swa", "swa_window_size", "attention_sink_bias")
+VLLM_ONLY = ("attention_sink_bias", "add_swa_attention_sink_bias")
 
 
 def is_dflash(cfg: dict) -> bool:
@@ -128,7 +129,7 @@ class DFlashHead(nn.Module):
         from transformers import AutoConfig
         from transformers.models.qwen3.modeling_qwen3 import Qwen3DecoderLayer, Qwen3RMSNorm, Qwen3RotaryEmbedding
 
-        unsupported = [k for k in VLLM_ONLY if k in cfg or k in (cfg.get("dflash_config") or {})]
+        unsupported = [k for k in VLLM_ONLY if cfg.get(k) or (cfg.get("dflash_config") or {}).get(k)]
         if unsupported:
             raise DraftTreeError(f"{where} uses vLLM's DFlash extensions ({', '.join(unsupported)}), which z-lab's "
                                  "published drafters do not: not supported")
@@ -175,8 +176,16 @@ class DFlashHead(nn.Module):
         self.norm = Qwen3RMSNorm(h, eps=config.rms_norm_eps)
         self._rotary = [Qwen3RotaryEmbedding(config)]  # unregistered: its float32 frequencies stay float32
         types = getattr(config, "layer_types", None) or ["full_attention"] * config.num_hidden_layers
-        causal = cfg.get("is_causal")
+        dc = cfg.get("dflash_config") or {}
+        causal = cfg.get("is_causal", dc.get("causal"))  # dflash_config.causal: vLLM's override for every layer
         self.windows = [config.sliding_window if t == "sliding_attention" else None for t in types]
+        if dc.get("use_swa") and not any(t == "sliding_attention" for t in cfg.get("layer_types") or []):
+            # vLLM's use_swa (MiMo's drafters): every layer windowed, non-causal unless said otherwise
+            window = dc.get("swa_window_size", cfg.get("sliding_window"))
+            if not isinstance(window, int) or window < 1:
+                raise DraftTreeError(f"{where}: use_swa needs a window (swa_window_size or sliding_window)")
+            self.windows = [window] * config.num_hidden_layers
+            types = ["full_attention"] * config.num_hidden_layers  # causal only if said
         # z-lab's windows keep keys less than the window away; transformers' bidirectional ones (its layout's) keep
         # keys up to the window away, inclusive
         self.inclusive = cfg.get("model_type") == MUSE
@@ -300,7 +309,8 @@ def load_dflash(path: str | Path, cfg: dict, state: dict[str, torch.Tensor], tar
                              "which z-lab's published drafters do not: not supported")
     head = DFlashHead(cfg, target.model, where)
     state = {k.removeprefix("model."): v for k, v in state.items()}
-    renames = {"encoder.fc.": "fc.", "encoder.output_norm_enc.": "hidden_norm."}  # transformers' assistant layout
+    # transformers' assistant layout, and vLLM's name for a one-layer drafter's layer
+    renames = {"encoder.fc.": "fc.", "encoder.output_norm_enc.": "hidden_norm.", "midlayer.": "layers.0."}
     state = {next((new + k[len(old):] for old, new in renames.items() if k.startswith(old)), k): v
              for k, v in state.items()}
     for name in ("predecessor_codebook", "successor_codebook"):  # published without the ``.weight`` suffix
