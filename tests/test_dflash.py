@@ -196,8 +196,19 @@ def test_the_drafter_computes_the_published_block(built):
     ctx = _prompts()[1].tolist()
     with torch.no_grad():
         feats = target.model(torch.tensor([ctx[:-1]]), output_hidden_states=True).hidden_states
-    state.encode(torch.cat([feats[2][0], feats[4][0]], -1), ctx[1:], 0)  # outputs of layers 1 and 3
-    torch.testing.assert_close(state.logprobs(), torch.log_softmax(_reference_logits(w, target, ctx), -1))
+    cut = len(ctx) - 3
+    state.encode(torch.cat([feats[2][0], feats[4][0]], -1)[:cut], ctx[1: cut + 1], 0)  # outputs of layers 1 and 3
+    torch.testing.assert_close(state.logprobs(), torch.log_softmax(_reference_logits(w, target, ctx[: cut + 1]), -1))
+    # the next round's LM head runs for the depths the last round read and two more, the rest when a tree goes deeper:
+    # the same distributions either way
+    state.encode(torch.cat([feats[2][0], feats[4][0]], -1)[cut:], ctx[cut + 1:], cut)
+    state._used = 1
+    want = torch.log_softmax(_reference_logits(w, target, ctx), -1)
+    state.root_logprobs()  # DFlash2: the selector's rescoring of depth 1 (its marginals are compared here)
+    torch.testing.assert_close(state._lp[0], want[0])
+    assert state._lp.shape[0] == 3  # depths 1..3 so far
+    state.expand(torch.tensor([5]), torch.tensor([-1]), torch.ones(1, 1, dtype=torch.bool), BLOCK - 2)
+    torch.testing.assert_close(state._lp, want)
 
 
 def test_every_rounds_draft_is_the_published_block(built):

@@ -33,8 +33,11 @@ class DFlashState:
         self.queued: list[torch.Tensor] = []  # features of committed positions not yet in the cache
         self.root = 0
         self.root_pos = 0
-        self._lp: torch.Tensor | None = None  # this round's log-probs per depth [block - 1, V]
+        self._out: torch.Tensor | None = None  # this round's block outputs for depths 1.. [block - 1, H]
+        self._lp: torch.Tensor | None = None  # ... log-probs of the depths computed so far [d, V]
         self._cands: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None  # DFlash2: unary, cands, proj
+        self._used = self.max_depth  # depths the last round read (the first round computes them all)
+        self._first = self.max_depth
 
     def encode(self, feats: torch.Tensor, next_ids: list[int], start: int) -> None:
         """Committed positions ``start..`` with the target's features there; ``next_ids[-1]`` is the new root."""
@@ -44,7 +47,7 @@ class DFlashState:
         self.queued.append(feats)
         self.root = int(next_ids[-1])
         self.root_pos = start + len(next_ids)
-        self._lp = None
+        self._out = None
 
     def _view(self) -> list[tuple[torch.Tensor, torch.Tensor]] | None:
         return None if self.past is None else [(k[:, : self.committed], v[:, : self.committed]) for k, v in self.past]
@@ -69,30 +72,54 @@ class DFlashState:
         self.committed = end
 
     @torch.inference_mode()
+    def _forward(self) -> None:
+        """The round's drafter forward (once per round): the block's outputs, and the new context cached."""
+        if self._out is not None:
+            return
+        h = self.head
+        dev = h.fc.weight.device
+        feats = torch.cat([f.to(dev) for f in self.queued]) if self.queued else None
+        if feats is None or self.committed + feats.shape[0] != self.root_pos:
+            raise RuntimeError("the DFlash drafter has no context for its root")
+        ids = torch.full((h.block_size,), h.mask_token_id, dtype=torch.long, device=dev)
+        ids[0] = self.root
+        out, new = h.block(h.context(feats), ids, self.committed, self._view())
+        self._append(new)
+        self.queued = []
+        self._out = out[1:]
+        self._lp, self._cands = None, None
+        # the LM head (most of a round's cost on a small target) runs for the depths the last round used and two more,
+        # then for the rest only if a tree goes deeper
+        self._first = min(self.max_depth, max(2, self._used + 2))
+        self._used = 0
+
+    @torch.inference_mode()
+    def _rows(self, depths: int) -> None:
+        """Log-probs (and DFlash2's candidates) for at least the first ``depths`` depths of this round's block."""
+        self._forward()
+        self._used = max(self._used, depths)
+        have = 0 if self._lp is None else self._lp.shape[0]
+        if have >= depths:
+            return
+        upto = self._first if have == 0 and depths <= self._first else self.max_depth
+        h, out = self.head, self._out[have:upto]
+        logits = h.logits(out)
+        lp = torch.log_softmax(logits.float(), dim=-1)
+        self._lp = lp if self._lp is None else torch.cat([self._lp, lp])
+        if h.selector is not None:  # DFlash2: each depth's candidates, rescored by their predecessor later
+            unary, cands = logits.topk(min(h.selector.top_k, logits.shape[-1]), dim=-1)
+            part = (unary, cands, h.selector.hidden_projection(out))
+            self._cands = part if self._cands is None else tuple(torch.cat([a, b]) for a, b in zip(self._cands, part))
+
     def logprobs(self) -> torch.Tensor:
-        """Every depth's draft log-probs [block - 1, V]: one drafter forward per round, run on first use."""
-        if self._lp is None:
-            h = self.head
-            dev = h.fc.weight.device
-            feats = torch.cat([f.to(dev) for f in self.queued]) if self.queued else None
-            if feats is None or self.committed + feats.shape[0] != self.root_pos:
-                raise RuntimeError("the DFlash drafter has no context for its root")
-            ids = torch.full((h.block_size,), h.mask_token_id, dtype=torch.long, device=dev)
-            ids[0] = self.root
-            out, new = h.block(h.context(feats), ids, self.committed, self._view())
-            self._append(new)
-            self.queued = []
-            logits = h.logits(out[1:])
-            if h.selector is not None:  # DFlash2: each depth's candidates, rescored by their predecessor later
-                unary, cands = logits.topk(min(h.selector.top_k, logits.shape[-1]), dim=-1)
-                self._cands = (unary, cands, h.selector.hidden_projection(out[1:]))
-            self._lp = torch.log_softmax(logits.float(), dim=-1)
+        """Every depth's draft log-probs [block - 1, V] (their marginals; DFlash2 rescores them per path)."""
+        self._rows(self.max_depth)
         return self._lp
 
     @torch.inference_mode()
     def _selected(self, depth: int, prev: torch.Tensor) -> torch.Tensor:
         """DFlash2: the log-probs [m, V] at ``depth`` (0-based) after each predecessor token in ``prev`` [m]."""
-        self.logprobs()
+        self._rows(depth + 1)
         unary, cands, proj = (t[depth] for t in self._cands)
         scores = self.head.selector.scores(unary, cands, proj, prev.to(cands.device))
         full = torch.full((prev.numel(), self._lp.shape[-1]), float("-inf"), device=scores.device)
@@ -101,7 +128,8 @@ class DFlashState:
     def root_logprobs(self) -> torch.Tensor:
         if self.head.selector is not None:
             return self._selected(0, torch.tensor([self.root]))[0]
-        return self.logprobs()[0]
+        self._rows(1)
+        return self._lp[0]
 
     def expand(self, tokens: torch.Tensor, parent_slots: torch.Tensor, attend: torch.Tensor,
                depth: int) -> torch.Tensor:
@@ -111,4 +139,5 @@ class DFlashState:
                                  f"most, asked for depth {depth + 1}")
         if self.head.selector is not None:
             return self._selected(depth, tokens)
-        return self.logprobs()[depth].expand(tokens.numel(), -1)
+        self._rows(depth + 1)
+        return self._lp[depth].expand(tokens.numel(), -1)
