@@ -360,7 +360,7 @@ def test_a_dflash_drafter_on_a_hybrid_target_verifies_chains_exactly(tmp_path):
             assert sm.generate(p, max_new_tokens=N, ignore_eos=True).tokens == ref, method
 
 
-def _muse(path, window: int = 512) -> torch.nn.Module:
+def _muse(path, window: int = 512, seed: int = 3) -> torch.nn.Module:
     """Transformers' own DFlash drafter (``muse_glimmer_assistant``), random, saved as transformers saves it."""
     from transformers.models.muse_glimmer_assistant import MuseGlimmerAssistantConfig, MuseGlimmerAssistantModel
 
@@ -368,7 +368,7 @@ def _muse(path, window: int = 512) -> torch.nn.Module:
                                      num_key_value_heads=2, head_dim=16, sliding_window=window, block_size=BLOCK,
                                      mask_token_id=MASK, target_layer_ids=[1, 3], bos_token_id=0, eos_token_id=None,
                                      pad_token_id=0, rope_parameters={"rope_type": "default", "rope_theta": 10000.0})
-    torch.manual_seed(3)
+    torch.manual_seed(seed)
     model = MuseGlimmerAssistantModel(cfg).eval().requires_grad_(False)
     with torch.no_grad():
         for p in model.parameters():
@@ -458,3 +458,37 @@ def test_vllms_dflash_conventions_are_read_as_vllm_reads_them(tmp_path):
     for h in (head, b):
         assert SpeculativeModel(target, method="dflash", head=h).generate(p, max_new_tokens=N,
                                                                           ignore_eos=True).tokens == plain
+
+
+def _hf_candidates(muse, model, context: list[int]) -> list[int]:
+    """Transformers' DFlash candidate generator's block after a fresh forward over ``context`` (its last: the root)."""
+    from transformers import GenerationConfig
+    from transformers.generation.candidate_generator import DFlashTokenCandidateGenerator
+
+    ids = torch.tensor([context])
+    with torch.no_grad():
+        out = model(ids[:, :-1], output_hidden_states=True)
+        hf = DFlashTokenCandidateGenerator(muse, model.get_input_embeddings(), model.get_output_embeddings(),
+                                           GenerationConfig(max_length=1000))
+        kwargs = {"attention_mask": torch.ones_like(ids), "position_ids": torch.arange(ids.shape[1])[None]}
+        cand, _ = hf.get_candidates(ids, kwargs, out, is_first_iteration=False, n_last_matches=0)
+    return cand[0, ids.shape[1]:].tolist()
+
+
+def test_every_rounds_block_is_the_one_transformers_dflash_candidate_generator_drafts(tmp_path):
+    """Decoding with transformers' layout of a DFlash drafter: each round's block (the cached context carried from
+    round to round here) is the one transformers' ``DFlashTokenCandidateGenerator`` drafts after a fresh forward."""
+    target = _target()
+    muse = _muse(tmp_path / "muse", window=6, seed=8)  # a drafter some of whose drafts are accepted
+    head = load_head(tmp_path / "muse", target)
+    sm = SpeculativeModel(target, method="dflash", head=head)
+    accepted = checked = 0
+    for prompt in _prompts():
+        drafter = Recording(make_drafter("dflash", target, head=head))
+        out = sm.generate(prompt, max_new_tokens=N, ignore_eos=True, drafter=drafter)
+        assert out.tokens == sm.generate(prompt, max_new_tokens=N, method="ar", ignore_eos=True).tokens
+        accepted += out.new_tokens - out.target_forwards
+        for context, chain in drafter.rounds:
+            assert chain == _hf_candidates(muse, target.model, context)[: len(chain)], len(context)
+            checked += len(chain)
+    assert checked > 0 and accepted > 0
