@@ -211,9 +211,10 @@ def test_the_drafter_computes_the_published_block(built):
     torch.testing.assert_close(state._lp, want)
 
 
-def test_every_rounds_draft_is_the_published_block(built):
-    path, w, target = built
-    head = load_head(path, target)
+def _check_rounds(target: LoadedModel, head, reference) -> None:
+    """Decode the prompts with ``dflash``: plain decoding's tokens, and every round's drafted chain the start of
+    ``reference(context)``; some drafts accepted (rounds that committed several tokens moved the context on by as
+    many)."""
     sm = SpeculativeModel(target, method="dflash", head=head)
     accepted = checked = 0
     for prompt in _prompts():
@@ -222,9 +223,14 @@ def test_every_rounds_draft_is_the_published_block(built):
         assert out.tokens == sm.generate(prompt, max_new_tokens=N, method="ar", ignore_eos=True).tokens
         accepted += out.new_tokens - out.target_forwards
         for context, chain in drafter.rounds:
-            assert chain == _reference_draft(w, target, context)[: len(chain)], len(context)
+            assert chain == reference(context)[: len(chain)], len(context)
             checked += len(chain)
-    assert checked > 0 and accepted > 0  # rounds that committed several tokens moved the context on by as many
+    assert checked > 0 and accepted > 0
+
+
+def test_every_rounds_draft_is_the_published_block(built):
+    path, w, target = built
+    _check_rounds(target, load_head(path, target), lambda context: _reference_draft(w, target, context))
 
 
 @pytest.mark.parametrize("method,options", [("dflash", {}), ("eagle-chain", {"depth": 2}), ("eagle2", {}),
@@ -480,15 +486,5 @@ def test_every_rounds_block_is_the_one_transformers_dflash_candidate_generator_d
     round to round here) is the one transformers' ``DFlashTokenCandidateGenerator`` drafts after a fresh forward."""
     target = _target()
     muse = _muse(tmp_path / "muse", window=6, seed=8)  # a drafter some of whose drafts are accepted
-    head = load_head(tmp_path / "muse", target)
-    sm = SpeculativeModel(target, method="dflash", head=head)
-    accepted = checked = 0
-    for prompt in _prompts():
-        drafter = Recording(make_drafter("dflash", target, head=head))
-        out = sm.generate(prompt, max_new_tokens=N, ignore_eos=True, drafter=drafter)
-        assert out.tokens == sm.generate(prompt, max_new_tokens=N, method="ar", ignore_eos=True).tokens
-        accepted += out.new_tokens - out.target_forwards
-        for context, chain in drafter.rounds:
-            assert chain == _hf_candidates(muse, target.model, context)[: len(chain)], len(context)
-            checked += len(chain)
-    assert checked > 0 and accepted > 0
+    _check_rounds(target, load_head(tmp_path / "muse", target), lambda context: _hf_candidates(muse, target.model,
+                                                                                              context))
