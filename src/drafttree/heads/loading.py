@@ -12,8 +12,9 @@ Layouts (detected from ``config.json`` and the weight names):
     reads it (true when absent), ``norm_before_fc`` and ``norm_output`` honoured.
   * DFlash (z-lab's ``DFlashDraftModel``): ``dflash_config`` in the config; drafts a whole block per forward
     (heads/dflash.py).
-Weights in ``model.safetensors`` or ``pytorch_model.bin`` (``torch.load(weights_only=True)``: tensors only,
-never an arbitrary unpickle). A head that does not fit its target gets a one-line error.
+Weights in ``model.safetensors`` (or its shards, listed by ``model.safetensors.index.json``) or ``pytorch_model.bin``
+(``torch.load(weights_only=True)``: tensors only, never an arbitrary unpickle). A head that does not fit its target
+gets a one-line error.
 """
 
 from __future__ import annotations
@@ -44,8 +45,8 @@ def read_head_config(path: str | Path) -> dict:
     if not path.exists():
         raise DraftTreeError(f"head not found: {path}")
     if not (path / "config.json").exists() or not any((path / f).exists() for f in WEIGHT_FILES + (INDEX,)):
-        raise DraftTreeError(f"{path} is not a head directory (needs config.json and model.safetensors or "
-                             "pytorch_model.bin)")
+        raise DraftTreeError(f"{path} is not a head directory (needs config.json and model.safetensors, its shards "
+                             "with model.safetensors.index.json, or pytorch_model.bin)")
     try:
         return json.loads((path / "config.json").read_text())
     except json.JSONDecodeError:
@@ -55,7 +56,7 @@ def read_head_config(path: str | Path) -> dict:
 def read_weights(path: str | Path) -> dict[str, torch.Tensor]:
     path = Path(path)
     st, binary = path / "model.safetensors", path / "pytorch_model.bin"
-    index = path / "model.safetensors.index.json"
+    index = path / INDEX
     try:
         if st.exists():
             return load_file(str(st), device="cpu")
