@@ -38,6 +38,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from drafttree.errors import DraftTreeError
+from drafttree.target import layer_count
 
 MUSE = "muse_glimmer_assistant"  # a DFlash drafter in transformers' layout (``encoder.fc``, ...)
 # vLLM's DFlash extensions, which z-lab's code does not have: refused rather than silently drafted without
@@ -144,7 +145,7 @@ class DFlashHead(nn.Module):
         config._attn_implementation = "sdpa"
         self.config = config
         tcfg = target_model.config.get_text_config()
-        layers = _layer_total(target_model)
+        layers = layer_count(target_model)
         ids = _value(cfg, "target_layer_ids")
         if ids is None and "dflash_config" in cfg:  # older checkpoints: z-lab's default for the target's depth
             ids = default_layer_ids(int(cfg.get("num_target_layers") or layers), config.num_hidden_layers)
@@ -293,12 +294,6 @@ class DFlashHead(nn.Module):
             if not causal:
                 seen &= kp - qp < window
         return seen[None, None]
-
-
-def _layer_total(model: nn.Module) -> int:
-    from drafttree.target import layer_count
-
-    return layer_count(model)
 
 
 def load_dflash(path: str | Path, cfg: dict, state: dict[str, torch.Tensor], target) -> DFlashHead:
