@@ -1,8 +1,10 @@
 """The multi-token-prediction layer a checkpoint carries (DeepSeek / GLM: ``model.layers.<L>.eh_proj``; Qwen3-Next /
-Qwen3.5: ``mtp.fc``) drafts as a head (heads/mtp.py): every round's chain is the one a plain, cache-free recursion of
-the published MTP computation gives (written here from its definition: norms, projection, the layer at index L, final
-norm, LM head), every method that takes a head gives plain decoding's tokens with it in float32 (T=1 with a seed:
-plain sampling's), ``--head mtp`` and the default find it in the model's own directory, and a misfit is one line."""
+Qwen3.5 / Mellum: ``mtp.fc``; MiMo: ``model.mtp_layers.0.input_proj``; ERNIE 4.5: ``model.mtp_linear_proj.0``) drafts as
+a head (heads/mtp.py): every round's chain is the one a plain, cache-free recursion of the published MTP computation
+gives (written here from its definition: norms, projection, the layer at index L, final norm, LM head), transformers'
+own ``MtpModel`` computes the same logits where it reads the layout, every method that takes a head gives plain
+decoding's tokens with it in float32 (T=1 with a seed: plain sampling's), ``--head mtp`` and the default find it in the
+model's own directory, and a misfit is one line."""
 
 from __future__ import annotations
 
@@ -20,6 +22,7 @@ from transformers import AutoConfig, AutoModelForCausalLM
 
 from drafttree.api import SpeculativeModel
 from drafttree.drafters import make_drafter
+from drafttree.drafters.eagle import state_for
 from drafttree.errors import DraftTreeError
 from drafttree.heads import load_head_for
 from drafttree.heads.export import export_head
@@ -33,14 +36,28 @@ CASES = {  # layout: (model type, config values, layer count)
     "deepseek": ("deepseek_v3", ARCHS["deepseek_v3"][0], 3),  # MLA attention, an MoE MTP layer
     "qwen3_next": ("qwen3_5_moe_text", BASE | HYBRIDS["qwen3_5_text"] | MOE, 4),  # a gated-delta-net hybrid (chains)
     "mimo": ("qwen2", BASE | dict(num_hidden_layers=3), 3),  # MiMo-7B: a Qwen2 model, [hidden; embedding] projected
+    # ERNIE 4.5: MoE from layer 1, a dense MTP layer, the target's final norm before the LM head
+    "ernie": ("ernie4_5_moe", BASE | dict(moe_num_experts=4, moe_k=2, moe_intermediate_size=32,
+                                          moe_num_shared_experts=1, moe_layer_start_index=1), 3),
+    # Mellum: the MTP layer is sliding-window attention (a window shorter than the prompts) with MoE, rotated with the
+    # sliding layers' own theta
+    "mellum": ("mellum", BASE | dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32, sliding_window=6,
+                                     layer_types=["sliding_attention", "full_attention", "full_attention"]), 3),
 }
+WINDOW = {"mellum": 6}
+OFFSET = {"qwen3_next": 1.0}  # Qwen3.5's norms scale by 1 + w
+ZEROED = ("deepseek", "mimo", "ernie")  # the embedding at position 0 zeroed, as vLLM serves these layouts
+NORMED_FEEDBACK = ("qwen3_next", "mimo", "mellum")
 
 
 def _values(case: str, layers: int) -> dict:
     _, values, _ = CASES[case]
     values = dict(values, num_hidden_layers=layers)
     if "layer_types" in values:
-        values["layer_types"] = (values["layer_types"] + ["full_attention"])[:layers]
+        values["layer_types"] = (values["layer_types"] + [
+            "sliding_attention" if case == "mellum" else "full_attention"])[:layers]
+    if case == "mellum":
+        values["mlp_layer_types"] = ["sparse"] * layers
     return values
 
 
@@ -67,10 +84,18 @@ def _build(case: str, path, shards: int = 1, own_head: bool = False, width: int 
     state = {k: v for k, v in published.items() if not k.startswith(f"model.layers.{n}.")}
     block = {k.removeprefix(f"model.layers.{n}."): v for k, v in published.items()
              if k.startswith(f"model.layers.{n}.")}
-    norm = (lambda: 1.0 + 0.1 * torch.randn(h, generator=g)) if case != "qwen3_next" else (
-        lambda: 0.1 * torch.randn(h, generator=g))  # Qwen3.5's norms scale by 1 + w
+    norm = (lambda: 1.0 + 0.1 * torch.randn(h, generator=g)) if case not in OFFSET else (
+        lambda: 0.1 * torch.randn(h, generator=g))
     extra = {"fc": torch.randn(h, 2 * (width or h), generator=g) / h ** 0.5, "emb_norm": norm(),
-             "hidden_norm": norm(), "norm": norm()}
+             "hidden_norm": norm(), "norm": norm(), "block": full.model.layers[n]}
+    if case == "ernie":  # a dense layer: another model's layer 0 (not the target's own first layer)
+        torch.manual_seed(7)
+        donor = AutoModelForCausalLM.from_config(full_cfg).eval().requires_grad_(False)
+        donor.save_pretrained(path.parent / "donor")
+        with safe_open(str(path.parent / "donor" / "model.safetensors"), framework="pt") as f:
+            block = {k.removeprefix("model.layers.0."): f.get_tensor(k) for k in f.keys()  # noqa: SIM118
+                     if k.startswith("model.layers.0.")}
+        extra["block"], extra["norm"] = donor.model.layers[0], published["model.norm.weight"]
     if case == "deepseek":
         head = full.get_output_embeddings().weight.clone()
         if own_head:  # it drafts one of the two tokens the bias allows, whichever its state says
@@ -82,7 +107,12 @@ def _build(case: str, path, shards: int = 1, own_head: bool = False, width: int 
                "embed_tokens.weight": full.get_input_embeddings().weight.clone()} | block
         mtp = {f"model.layers.{n}.{k}": v for k, v in mtp.items()}
         extra["head"] = head
-    elif case == "qwen3_next":
+    elif case == "ernie":
+        mtp = {"mtp_emb_norm.0.weight": extra["emb_norm"], "mtp_hidden_norm.0.weight": extra["hidden_norm"],
+               "mtp_linear_proj.0.weight": extra["fc"]} | {f"mtp_block.0.{k}": v for k, v in block.items()}
+        mtp = {f"model.{k}": v for k, v in mtp.items()}
+        extra["head"] = full.get_output_embeddings().weight
+    elif case in ("qwen3_next", "mellum"):
         mtp = {"mtp.pre_fc_norm_embedding.weight": extra["emb_norm"], "mtp.pre_fc_norm_hidden.weight":
                extra["hidden_norm"], "mtp.fc.weight": extra["fc"], "mtp.norm.weight": extra["norm"]}
         mtp |= {f"mtp.layers.0.{k}": v for k, v in block.items()}
@@ -95,6 +125,10 @@ def _build(case: str, path, shards: int = 1, own_head: bool = False, width: int 
     cfg = AutoConfig.for_model(arch, **_values(case, n))
     cfg.bos_token_id, cfg.eos_token_id = 0, None
     cfg.num_nextn_predict_layers = 1
+    if case in ("ernie", "mellum"):  # transformers' MtpModel reads the layer count from here
+        cfg.num_mtp_layers = 1
+        if case == "mellum":
+            cfg.mtp_layer_types, cfg.mtp_mlp_layer_types = ["sliding_attention"], ["sparse"]
     path.mkdir(parents=True, exist_ok=True)
     cfg.save_pretrained(path)
     tensors = {k: v.contiguous() for k, v in (state | mtp).items()}
@@ -118,33 +152,42 @@ def _target(path) -> LoadedModel:
     return LoadedModel(model, IdsTokenizer(), path.name, str(path))
 
 
+def _causal(t: int, window: int | None = None, start: int = 0) -> torch.Tensor:
+    """The additive causal mask of ``t`` queries at positions start.. (keys further back than ``window`` masked)."""
+    pos = torch.arange(start, start + t)
+    far = pos[:, None] - pos[None, :]
+    hidden = (far < 0) | (far >= window) if window else far < 0
+    return torch.zeros(t, t).masked_fill(hidden, float("-inf"))[None, None]
+
+
 def _reference_outputs(case: str, full, extra: dict, feats: torch.Tensor, toks: list[int]):
     """The MTP layer over (feature t, token t+1) pairs at positions 0.., causal, no cache: (layer output, normed)."""
-    n, cfg = CASES[case][2], full.config
-    eps, offset = cfg.rms_norm_eps, (1.0 if case == "qwen3_next" else 0.0)
+    cfg = full.config
+    eps, offset = cfg.rms_norm_eps, OFFSET.get(case, 0.0)
     pos = torch.arange(len(toks))
     emb = full.get_input_embeddings()(torch.tensor(toks))
-    if case != "qwen3_next":  # as vLLM serves DeepSeek's and MiMo's MTP layers
+    if case in ZEROED:
         emb[pos == 0] = 0.0
     parts = [_rms(emb, extra["emb_norm"], eps, offset), _rms(feats, extra["hidden_norm"], eps, offset)]
     x = torch.cat(parts[::-1] if case == "mimo" else parts, -1) @ extra["fc"].T  # MiMo reads [hidden; embedding]
-    mask = torch.full((len(toks), len(toks)), float("-inf")).triu(1)[None, None]
-    rot = full.model.rotary_emb(x[None], pos[None])
-    out = full.model.layers[n](x[None], attention_mask=mask, position_ids=pos[None], position_embeddings=rot)
+    kw = {"layer_type": "sliding_attention"} if case == "mellum" else {}  # the sliding layers' own rotary table
+    rot = full.model.rotary_emb(x[None], pos[None], **kw)
+    out = extra["block"](x[None], attention_mask=_causal(len(toks), WINDOW.get(case)), position_ids=pos[None],
+                         position_embeddings=rot)
     y = (out[0] if isinstance(out, tuple) else out)[0]
     return y, _rms(y, extra["norm"], eps, offset)
 
 
 def _reference_chain(case: str, full, extra: dict, target: LoadedModel, context: list[int], depth: int) -> list[int]:
     """The MTP recursion without a cache: every step reruns the layer over all pairs so far, the last output becoming
-    the next draft's feature (unnormed in DeepSeek's layout, normed in the others)."""
+    the next draft's feature (unnormed in DeepSeek's and ERNIE's layouts, normed in the others)."""
     with torch.no_grad():
         feats = target.model.base_model(torch.tensor([context[:-1]])).last_hidden_state[0]
         toks, drafts = list(context[1:]), []
         for _ in range(depth):
             y, normed = _reference_outputs(case, full, extra, feats, toks)
             drafts.append(int((normed[-1] @ extra["head"].T).argmax()))
-            feats = torch.cat([feats, (y if case == "deepseek" else normed)[-1:]])  # fed back as vLLM does
+            feats = torch.cat([feats, (normed if case in NORMED_FEEDBACK else y)[-1:]])  # fed back as vLLM does
             toks.append(drafts[-1])
     return drafts
 
@@ -156,10 +199,31 @@ def test_the_head_computes_the_published_layer_at_every_position(built):
     with torch.no_grad():
         feats = target.model.base_model(ids[None, :-1]).last_hidden_state[0]
         y, normed = _reference_outputs(case, full, extra, feats, ids[1:].tolist())
-        mask = torch.full((len(ids) - 1, len(ids) - 1), float("-inf")).triu(1)[None, None]
-        mine = head(feats[None], ids[None, 1:], torch.arange(len(ids) - 1)[None], mask)[0]
-        torch.testing.assert_close(mine, y if case == "deepseek" else normed)
+        mine = head(feats[None], ids[None, 1:], torch.arange(len(ids) - 1)[None], _causal(len(ids) - 1,
+                                                                                         WINDOW.get(case)))[0]
+        torch.testing.assert_close(mine, normed if case in NORMED_FEEDBACK else y)
         torch.testing.assert_close(head.draft_logits(mine), normed @ extra["head"].T)
+
+
+@pytest.mark.parametrize("case", ["ernie", "mellum"])
+def test_transformers_mtp_model_computes_the_same_logits(case, tmp_path):
+    """Transformers' own ``MtpModel`` (its weight renaming, its layer built from the MTP config: ERNIE's dense layer and
+    shared final norm, Mellum's sliding window and rotary table) loads the same checkpoint and gives the head's logits
+    at every position (positions from 1: vLLM's zeroed first embedding is not in transformers)."""
+    from transformers.modeling_layers import MtpModel
+
+    _build(case, tmp_path / "model")
+    target = _target(tmp_path / "model")
+    theirs = MtpModel.from_pretrained(target.model).eval()
+    head = load_head_for(target, "mtp")
+    ids = _prompts()[1]
+    t = len(ids) - 1
+    pos = torch.arange(1, t + 1)[None]
+    with torch.no_grad():
+        feats = target.model.base_model(ids[None, :-1]).last_hidden_state
+        expected = theirs._project_to_logits(theirs.forward_layer(0, feats, pos, None, input_ids=ids[None, 1:]))[0]
+        mine = head.draft_logits(head(feats, ids[None, 1:], pos, _causal(t, WINDOW.get(case), start=1))[0])
+    torch.testing.assert_close(mine, expected)
 
 
 def _prompts() -> list[torch.Tensor]:
@@ -180,7 +244,7 @@ def built(request, tmp_path_factory):
 def test_every_rounds_chain_is_the_published_mtp_recursion(built):
     case, path, full, extra, target = built
     head = load_head_for(target, "mtp")
-    assert isinstance(head, MtpHead) and head.layout == f"mtp-{case}"
+    assert isinstance(head, MtpHead) and head.layout == f"mtp-{'qwen3_next' if case == 'mellum' else case}"
     with pytest.raises(DraftTreeError, match="travels inside its model's checkpoint"):
         head.save(path.parent / "exported")
     with pytest.raises(DraftTreeError, match="nothing to export"):
@@ -196,6 +260,28 @@ def test_every_rounds_chain_is_the_published_mtp_recursion(built):
             assert chain == _reference_chain(case, full, extra, target, context, len(chain)), len(context)
             checked += len(chain)
     assert checked > 0
+
+
+def test_the_drafting_state_gives_the_layers_distributions(built):
+    """The head's cached drafting state (its masks: the window of Mellum's sliding MTP layer) gives the cache-free
+    reference's distribution at the root and at every depth of a chain drafted from it."""
+    case, path, full, extra, target = built
+    head = load_head_for(target, "mtp")
+    ids = _prompts()[1].tolist()
+    with torch.no_grad():
+        feats = target.model.base_model(torch.tensor([ids[:-1]])).last_hidden_state[0]
+        state = state_for(head)
+        state.encode(feats, ids[1:], 0)
+        lp, toks = state.root_logprobs(), ids[1:]
+        for depth in range(1, 4):
+            y, normed = _reference_outputs(case, full, extra, feats, toks)
+            ref = torch.log_softmax(normed[-1] @ extra["head"].T, -1)
+            torch.testing.assert_close(lp, ref)
+            tok = int(ref.argmax())
+            attend = torch.ones(1, depth, dtype=torch.bool)  # the chain's slots so far and itself
+            lp = state.expand(torch.tensor([tok]), torch.tensor([depth - 2]), attend, depth)[0]
+            feats = torch.cat([feats, (normed if case in NORMED_FEEDBACK else y)[-1:]])
+            toks = [*toks, tok]
 
 
 @pytest.mark.parametrize("method", ["eagle-chain", "eagle2", "auto"])

@@ -63,7 +63,7 @@ def run_packed(head: torch.nn.Module, states: list[EagleState], inputs: list[Hea
     feats = torch.cat([i.feats.to(dtype) for i in inputs])[None]
     ids = torch.cat([i.ids for i in inputs])[None]
     positions = torch.cat([i.positions for i in inputs])[None]
-    masks = [s.mask(i.attend) for s, i in zip(states, inputs)]
+    masks = [s.mask(i.attend, i.positions) for s, i in zip(states, inputs)]
     with grouped_attention(head), fast_linears(head):
         out = head(feats, ids, positions, masks, RaggedCache([s.cache for s in states], counts))
     return list(out[0].split(counts))

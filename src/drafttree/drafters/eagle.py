@@ -71,7 +71,7 @@ class EagleState:
         self._queued: list[tuple[torch.Tensor, list[int], int]] = []  # committed pairs not yet encoded
 
     def _run(self, feats: torch.Tensor, ids: torch.Tensor, positions: torch.Tensor, attend: torch.Tensor):
-        mask = self.mask(attend)
+        mask = self.mask(attend, positions)
         with grouped_attention(self.head), fast_linears(self.head):  # several draft nodes at once: K/V read in place
             out = self.head(feats[None], ids[None], positions[None], mask, self.cache)
         return out[0]
@@ -128,9 +128,18 @@ class EagleState:
         self._queued = []
         self.root_feat = out[-1]
 
-    def mask(self, attend: torch.Tensor) -> torch.Tensor:
-        """The additive mask of a head forward over the committed cache plus the slots ``attend`` covers."""
-        return tree_attention_mask(attend, self.committed, self.head.fc.weight.dtype)
+    def mask(self, attend: torch.Tensor, positions: torch.Tensor | None = None) -> torch.Tensor:
+        """The additive mask of a head forward over the committed cache plus the slots ``attend`` covers; a head with
+        a ``sliding_window`` (Mellum's MTP layer) does not see keys that far behind the query ``positions`` (this
+        round's earlier slots are a tree's depth away: inside any window a model uses, so always seen)."""
+        dtype = self.head.fc.weight.dtype
+        window = getattr(self.head, "sliding_window", None)
+        if not window or positions is None:
+            return tree_attention_mask(attend, self.committed, dtype)
+        positions = positions.to(attend.device)
+        m, s = attend.shape
+        tail = torch.cat([positions.min().expand(s - m), positions])
+        return tree_attention_mask(attend, self.committed, dtype, window, query_pos=positions, tail_pos=tail)
 
     # -- TreeStepper -----------------------------------------------------------------------------------
     @torch.inference_mode()

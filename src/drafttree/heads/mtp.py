@@ -12,9 +12,14 @@ first drafts every step (vLLM with ``num_nextn_predict_layers`` 1 does the same)
 
 Layouts (by their weight names):
   * ``model.layers.{L}.{enorm,hnorm,eh_proj,shared_head.norm,shared_head.head,<decoder layer>}`` (DeepSeek, GLM);
-  * ``mtp.{pre_fc_norm_embedding,pre_fc_norm_hidden,fc,norm,layers.0.<decoder layer>}`` (Qwen3-Next, Qwen3.5);
+  * ``mtp.{pre_fc_norm_embedding,pre_fc_norm_hidden,fc,norm,layers.0.<decoder layer>}`` (Qwen3-Next, Qwen3.5,
+    Mellum: its layer of the type the config's ``mtp_layer_types`` names, e.g. sliding-window attention with MoE);
   * ``model.mtp_layers.0.{token_layernorm,hidden_layernorm,input_proj,final_layernorm,<decoder layer>}`` (MiMo-7B:
-    ``input_proj`` reads [hidden; embedding], the output normed and fed back, the embedding zeroed at position 0).
+    ``input_proj`` reads [hidden; embedding], the output normed and fed back, the embedding zeroed at position 0);
+  * ``model.mtp_{emb_norm,hidden_norm,linear_proj}.0`` and ``model.mtp_block.0.<decoder layer>`` (ERNIE 4.5: a dense
+    layer, the target's final norm before the LM head as transformers' ``MtpModel`` reads it, the unnormed output fed
+    back and the embedding zeroed at position 0 as vLLM serves it).
+Transformers' ``MtpModel`` (5.25) builds the same computation for ERNIE and Mellum; the tests check against it.
 """
 
 from __future__ import annotations
@@ -47,6 +52,8 @@ class MtpLayout:
     normed_output: bool  # the fed-back feature is the final norm's output
     zero_first_embedding: bool
     hidden_first: bool = False  # fc reads [hidden; embedding] (MiMo) rather than [embedding; hidden]
+    shared_norm: bool = False  # the output norm is the target's final norm, not in the MTP weights (ERNIE 4.5)
+    dense: bool = False  # a dense MLP where the target's last layers are MoE: built as the target's layer 0 (ERNIE)
 
 
 LAYOUTS = (
@@ -59,6 +66,9 @@ LAYOUTS = (
     MtpLayout("mimo", "model.mtp_layers.0.", "input_proj.weight",
               {"token_layernorm": "emb_norm", "hidden_layernorm": "hidden_norm", "input_proj": "fc",
                "final_layernorm": "norm"}, "", True, True, hidden_first=True),
+    MtpLayout("ernie", "model.mtp_", "linear_proj.0.weight",
+              {"emb_norm.0": "emb_norm", "hidden_norm.0": "hidden_norm", "linear_proj.0": "fc"}, "block.0.",
+              False, True, shared_norm=True, dense=True),
 )
 
 
@@ -137,17 +147,20 @@ def _dequantize_blocks(raw: dict[str, torch.Tensor], block: tuple[int, int]) -> 
     return out
 
 
-def _layer_at(target_model: nn.Module, index: int):
-    """The target's decoder-layer class built at ``index`` (past its last layer: MoE where the model puts MoE) and the
-    config it reads, with per-layer lists extended by one full-attention entry; its cache slot is renumbered 0."""
+def _layer_at(target_model: nn.Module, index: int, dense: bool = False):
+    """The target's decoder-layer class built at ``index`` (past its last layer: MoE where the model puts MoE; at 0 for
+    a ``dense`` layer) and the config it reads, per-layer lists extended by the config's ``mtp_<name>`` entry where it
+    has one (Mellum's ``mtp_layer_types``), else by full attention / the last entry; its cache slot is renumbered 0."""
     cfg = copy.deepcopy(target_model.config)
     n = cfg.num_hidden_layers
     cfg.num_hidden_layers = index + 1
     for name, value in list(vars(cfg).items()):
-        if isinstance(value, list) and len(value) == n and n:
-            setattr(cfg, name, value + ["full_attention" if name == "layer_types" else value[-1]])
+        if isinstance(value, list) and len(value) == n and n and not name.startswith("mtp_"):
+            own = getattr(cfg, f"mtp_{name}", None)
+            setattr(cfg, name, value + [own[0] if isinstance(own, list) and own else
+                                        "full_attention" if name == "layer_types" else value[-1]])
     cfg._attn_implementation = "sdpa"
-    layer = type(target_model.base_model.layers[0])(cfg, index)
+    layer = type(target_model.base_model.layers[0])(cfg, 0 if dense else index)
     for m in layer.modules():
         if hasattr(m, "layer_idx"):
             m.layer_idx = 0
@@ -183,7 +196,7 @@ class MtpHead(EagleHead):
     kind = "eagle"
 
     def __init__(self, target_model: nn.Module, layout: MtpLayout, target_name: str = "", own_head: bool = False,
-                 own_embedding: bool = False):
+                 own_embedding: bool = False, fc_bias: bool = False):
         nn.Module.__init__(self)
         target_model = text_only(target_model)
         base = target_model.base_model
@@ -195,12 +208,20 @@ class MtpHead(EagleHead):
         self.mtp_layout = layout
         self.target_config = target_model.config
         self.target_name = target_name
-        layer, self.config = _layer_at(target_model, layer_count(target_model))
+        index = layer_count(target_model)
+        layer, self.config = _layer_at(target_model, index, layout.dense)
         self.layers = nn.ModuleList([layer])
         h = self.config.hidden_size
-        self.fc = nn.Linear(2 * h, h, bias=False)
+        self.fc = nn.Linear(2 * h, h, bias=fc_bias)
         self.emb_norm, self.hidden_norm, self.norm = (copy.deepcopy(norm) for _ in range(3))
         self._rotary, self._rotary_kw = rotary_of(target_model)
+        types = getattr(self.config, "layer_types", None)
+        self.layer_type = types[0 if layout.dense else index] if types else "full_attention"
+        if self._rotary_kw:  # a table per layer type (Mellum's sliding layers rotate with their own theta)
+            self._rotary_kw = {"layer_type": self.layer_type}
+        # keys further back than the window are masked in drafting (drafters/eagle.py: EagleState.mask)
+        self.sliding_window = getattr(self.config, "sliding_window", None) if self.layer_type == "sliding_attention" \
+            else None
         self._embed = [base.get_input_embeddings()]
         self._lm_head = [target_model.get_output_embeddings()]
         lm = self._lm_head[0].weight
@@ -251,8 +272,8 @@ def load_mtp(path: str | Path, target) -> MtpHead:
     found = find_mtp(path)
     if found is None:
         raise DraftTreeError(f"{path} holds no multi-token-prediction layer (DeepSeek-style "
-                             "model.layers.<L>.eh_proj, Qwen3-Next-style mtp.fc or MiMo-style "
-                             "model.mtp_layers.0.input_proj weights)")
+                             "model.layers.<L>.eh_proj, Qwen3-Next-style mtp.fc, MiMo-style "
+                             "model.mtp_layers.0.input_proj or ERNIE-style model.mtp_linear_proj.0 weights)")
     layout, prefix, files = found
     raw = _dequantize_blocks(_read(files), _block_size(Path(path)))
     state: dict[str, torch.Tensor] = {}
@@ -281,9 +302,12 @@ def load_mtp(path: str | Path, target) -> MtpHead:
             state.pop(name)
     if "embedding.weight" in state:
         state["own_embedding.weight"] = state.pop("embedding.weight")
+    if layout.shared_norm:  # ERNIE: the target's final norm (shared, not copied)
+        final = getattr(text_only(target.model).base_model, "norm", None)
+        state |= {f"norm.{k}": v.detach() for k, v in (final.state_dict().items() if final is not None else ())}
     with torch.device("meta"):  # built without memory: the checkpoint's tensors become its parameters (assign)
         head = MtpHead(target.model, layout, target.name, own_head=own["own_head.weight"],
-                       own_embedding=own["embedding.weight"])
+                       own_embedding=own["embedding.weight"], fc_bias="fc.bias" in state)
     state = _stack_experts(state, {n for n, _ in head.named_parameters()})
     try:
         missing, unexpected = head.load_state_dict(state, strict=False, assign=True)
@@ -294,6 +318,11 @@ def load_mtp(path: str | Path, target) -> MtpHead:
     if missing or unexpected or left:
         raise DraftTreeError(f"MTP layer in {path}: weights do not match {target.name}'s layer "
                              f"(missing {(missing or left)[:3]}, unexpected {unexpected[:3]})")
+    try:  # a layer type the target's rotary embedding keeps no table for (its config names one its layers lack)
+        head._rotary[0](head.fc.weight[:1], torch.zeros(1, 1, dtype=torch.long), **head._rotary_kw)
+    except (AttributeError, KeyError, TypeError) as e:
+        raise DraftTreeError(f"MTP layer in {path}: {target.name}'s rotary embedding has no table for the layer's "
+                             f"{head.layer_type} ({type(e).__name__}: {e})") from None
     head.layout = f"mtp-{layout.name}"
     head.meta = {}
     return head
