@@ -1,10 +1,11 @@
 """The multi-token-prediction layer a checkpoint carries (DeepSeek / GLM: ``model.layers.<L>.eh_proj``; Qwen3-Next /
-Qwen3.5 / Mellum: ``mtp.fc``; MiMo: ``model.mtp_layers.0.input_proj``; ERNIE 4.5: ``model.mtp_linear_proj.0``) drafts as
-a head (heads/mtp.py): every round's chain is the one a plain, cache-free recursion of the published MTP computation
-gives (written here from its definition: norms, projection, the layer at index L, final norm, LM head), transformers'
-own ``MtpModel`` computes the same logits where it reads the layout, every method that takes a head gives plain
-decoding's tokens with it in float32 (T=1 with a seed: plain sampling's), ``--head mtp`` and the default find it in the
-model's own directory, and a misfit is one line."""
+Qwen3.5 / Mellum: ``mtp.fc``; MiMo: ``model.mtp_layers.0.input_proj``; ERNIE 4.5: ``model.mtp_linear_proj.0``;
+MiMo-V2-Flash: ``model.mtp.layers.0.final_layernorm``; LongCat-Flash: ``model.mtp.layers.0.enorm.m``) drafts as a head
+(heads/mtp.py): every round's chain is the one a plain, cache-free recursion of the published MTP computation gives
+(written here from its definition: norms, projection, the layer at index L, final norm, LM head), the drafting state
+gives its distributions at every depth, transformers' own ``MtpModel`` computes the same logits where it reads the
+layout, every method that takes a head gives plain decoding's tokens with it in float32 (T=1 with a seed: plain
+sampling's), ``--head mtp`` and the default find it in the model's own directory, and a misfit is one line."""
 
 from __future__ import annotations
 
@@ -43,21 +44,34 @@ CASES = {  # layout: (model type, config values, layer count)
     # sliding layers' own theta
     "mellum": ("mellum", BASE | dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32, sliding_window=6,
                                      layer_types=["sliding_attention", "full_attention", "full_attention"]), 3),
+    # MiMo-V2-Flash: its MTP layer sliding-window attention with sinks (eager attention) and a dense MLP, which no
+    # layer of the target is; the layer's own final norm, the normed output fed back
+    "mimo_v2": ("mimo_v2_flash", BASE | dict(n_routed_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
+                                             v_head_dim=16, sliding_window=6,
+                                             layer_types=["full_attention", "sliding_attention", "full_attention"],
+                                             mlp_layer_types=["dense", "sparse", "sparse"]), 3),
 }
-WINDOW = {"mellum": 6}
+LONGCAT_MLA = dict(num_key_value_heads=4, q_lora_rank=32, kv_lora_rank=32, qk_rope_head_dim=8, qk_nope_head_dim=16,
+                   v_head_dim=16, head_dim=8)
+CASES["longcat"] = ("longcat_flash", BASE | LONGCAT_MLA | dict(  # two attention sublayers and a shortcut MoE per layer;
+    n_routed_experts=4, zero_expert_num=2, expert_ffn_hidden_size=32, num_experts_per_tok=2), 3)  # the MTP layer plain
+MTP_KIND = {"mellum": ("sliding_attention", "sparse"), "mimo_v2": ("sliding_attention", "dense")}  # the MTP layer's
+WINDOW = {"mellum": 6, "mimo_v2": 6}
 OFFSET = {"qwen3_next": 1.0}  # Qwen3.5's norms scale by 1 + w
 ZEROED = ("deepseek", "mimo", "ernie")  # the embedding at position 0 zeroed, as vLLM serves these layouts
-NORMED_FEEDBACK = ("qwen3_next", "mimo", "mellum")
+NORMED_FEEDBACK = ("qwen3_next", "mimo", "mellum", "mimo_v2", "longcat")
 
 
 def _values(case: str, layers: int) -> dict:
     _, values, _ = CASES[case]
     values = dict(values, num_hidden_layers=layers)
+    if case == "longcat":  # its config counts each layer's two attention sublayers as hidden layers
+        values["num_hidden_layers"] = 2 * layers
+    kind, mlp = MTP_KIND.get(case, ("full_attention", "sparse"))
     if "layer_types" in values:
-        values["layer_types"] = (values["layer_types"] + [
-            "sliding_attention" if case == "mellum" else "full_attention"])[:layers]
-    if case == "mellum":
-        values["mlp_layer_types"] = ["sparse"] * layers
+        values["layer_types"] = (values["layer_types"] + [kind])[:layers]
+    if case in MTP_KIND:
+        values["mlp_layer_types"] = (values.get("mlp_layer_types", ["sparse"] * 3) + [mlp])[:layers]
     return values
 
 
@@ -112,6 +126,22 @@ def _build(case: str, path, shards: int = 1, own_head: bool = False, width: int 
                "mtp_linear_proj.0.weight": extra["fc"]} | {f"mtp_block.0.{k}": v for k, v in block.items()}
         mtp = {f"model.{k}": v for k, v in mtp.items()}
         extra["head"] = full.get_output_embeddings().weight
+    elif case == "longcat":
+        extra["block"] = _PlainMla(full_cfg).eval().requires_grad_(False)
+        mtp = {"layers.0.enorm.m.weight": extra["emb_norm"], "layers.0.hnorm.m.weight": extra["hidden_norm"],
+               "layers.0.eh_proj.weight": extra["fc"], "norm.weight": extra["norm"],
+               "embed_tokens.weight": full.get_input_embeddings().weight.clone()}
+        mtp |= {f"layers.0.{k}": v for k, v in extra["block"].published().items()}
+        mtp = {f"model.mtp.{k}": v for k, v in mtp.items()}
+        extra["head"] = full.get_output_embeddings().weight
+    elif case == "mimo_v2":  # published with the names vLLM and SGLang read
+        block = {k.replace("post_attention_layernorm", "pre_mlp_layernorm").replace("self_attn.sinks",
+                                                                                   "self_attn.attention_sink_bias"): v
+                 for k, v in block.items()}
+        mtp = {"enorm.weight": extra["emb_norm"], "hnorm.weight": extra["hidden_norm"], "eh_proj.weight": extra["fc"],
+               "final_layernorm.weight": extra["norm"]} | block
+        mtp = {f"model.mtp.layers.0.{k}": v for k, v in mtp.items()}
+        extra["head"] = full.get_output_embeddings().weight
     elif case in ("qwen3_next", "mellum"):
         mtp = {"mtp.pre_fc_norm_embedding.weight": extra["emb_norm"], "mtp.pre_fc_norm_hidden.weight":
                extra["hidden_norm"], "mtp.fc.weight": extra["fc"], "mtp.norm.weight": extra["norm"]}
@@ -152,6 +182,33 @@ def _target(path) -> LoadedModel:
     return LoadedModel(model, IdsTokenizer(), path.name, str(path))
 
 
+class _PlainMla(torch.nn.Module):
+    """LongCat's MTP layer as vLLM and SGLang build it: x + MLA(norm(x)), then + MLP(norm(.)), one dense MLP."""
+
+    def __init__(self, cfg):
+        super().__init__()
+        from transformers.models.longcat_flash import modeling_longcat_flash as lc
+
+        self.attn, self.mlp = lc.LongcatFlashMLA(cfg, 0), lc.LongcatFlashMLP(cfg)
+        self.norm1, self.norm2 = (lc.LongcatFlashRMSNorm(cfg.hidden_size, cfg.rms_norm_eps) for _ in range(2))
+        g = torch.Generator().manual_seed(11)
+        with torch.no_grad():
+            for name, p in self.named_parameters():
+                if "norm" in name:
+                    p.copy_(1.0 + 0.1 * torch.randn(p.shape, generator=g))
+
+    def published(self) -> dict[str, torch.Tensor]:
+        names = {"attn.": "self_attn.", "mlp.": "transformer_layer.mlp.", "norm1.": "input_layernorm.",
+                 "norm2.": "post_attention_layernorm."}
+        return {next(v + k[len(p):] for p, v in names.items() if k.startswith(p)): t.clone()
+                for k, t in self.state_dict().items()}
+
+    def forward(self, x, attention_mask, position_ids, position_embeddings):
+        x = x + self.attn(self.norm1(x), attention_mask=attention_mask, position_ids=position_ids,
+                          position_embeddings=position_embeddings)[0]
+        return x + self.mlp(self.norm2(x))
+
+
 def _causal(t: int, window: int | None = None, start: int = 0) -> torch.Tensor:
     """The additive causal mask of ``t`` queries at positions start.. (keys further back than ``window`` masked)."""
     pos = torch.arange(start, start + t)
@@ -170,7 +227,7 @@ def _reference_outputs(case: str, full, extra: dict, feats: torch.Tensor, toks: 
         emb[pos == 0] = 0.0
     parts = [_rms(emb, extra["emb_norm"], eps, offset), _rms(feats, extra["hidden_norm"], eps, offset)]
     x = torch.cat(parts[::-1] if case == "mimo" else parts, -1) @ extra["fc"].T  # MiMo reads [hidden; embedding]
-    kw = {"layer_type": "sliding_attention"} if case == "mellum" else {}  # the sliding layers' own rotary table
+    kw = {"layer_type": MTP_KIND[case][0]} if case in MTP_KIND else {}  # the sliding layers' own rotary table
     rot = full.model.rotary_emb(x[None], pos[None], **kw)
     out = extra["block"](x[None], attention_mask=_causal(len(toks), WINDOW.get(case)), position_ids=pos[None],
                          position_embeddings=rot)

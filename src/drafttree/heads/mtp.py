@@ -1,14 +1,15 @@
 """Multi-token-prediction (MTP) modules shipped inside a model's own checkpoint, drafting as they were trained to.
 
-DeepSeek-V3/R1, GLM-4.5+, Qwen3-Next / Qwen3.5 and MiMo-7B checkpoints carry an extra "next-n" layer after their decoder
-layers, trained with the model to predict the token after next; vLLM and SGLang serve it as an EAGLE-style drafter.
-Transformers drops its weights on load, so they are read again from the checkpoint (sharded or not, only the MTP
-tensors). The module is EAGLE-1's shape with norms around it: ``fc([emb_norm(emb(token t+1)); hidden_norm(feature t)])``
-(2H -> H), one decoder layer **of the target's own class** built at index L (so a DeepSeek MTP layer gets its MoE MLP),
-a final norm, and the target's LM head (or the checkpoint's own copy where it differs). A later draft step feeds the
-layer's output back as the feature, as vLLM does: unnormed for DeepSeek's layout, normed for Qwen3-Next's and MiMo's;
-DeepSeek's and MiMo's zero the embedding at position 0 as vLLM does. Where a checkpoint has several MTP layers, the
-first drafts every step (vLLM with ``num_nextn_predict_layers`` 1 does the same).
+DeepSeek-V3/R1, GLM-4.5+, Qwen3-Next / Qwen3.5, MiMo, ERNIE 4.5, Mellum and LongCat-Flash checkpoints carry an extra
+"next-n" layer after their decoder layers, trained with the model to predict the token after next; vLLM and SGLang
+serve it as an EAGLE-style drafter. Transformers drops its weights on load, so they are read again from the checkpoint
+(sharded or not, only the MTP tensors). The module is EAGLE-1's shape with norms around it:
+``fc([emb_norm(emb(token t+1)); hidden_norm(feature t)])`` (2H -> H), one decoder layer **of the target's own class**
+built at index L (so a DeepSeek MTP layer gets its MoE MLP), a final norm, and the target's LM head (or the
+checkpoint's own copy where it differs). A later draft step feeds the layer's output back as the feature, as vLLM
+does: unnormed for DeepSeek's and ERNIE's layouts, normed for the others; DeepSeek's, MiMo-7B's and ERNIE's zero the
+embedding at position 0 as vLLM does. Where a checkpoint has several MTP layers (MiMo-V2-Flash: three), the first
+drafts every step, as vLLM does.
 
 Layouts (by their weight names):
   * ``model.layers.{L}.{enorm,hnorm,eh_proj,shared_head.norm,shared_head.head,<decoder layer>}`` (DeepSeek, GLM);
@@ -18,7 +19,12 @@ Layouts (by their weight names):
     ``input_proj`` reads [hidden; embedding], the output normed and fed back, the embedding zeroed at position 0);
   * ``model.mtp_{emb_norm,hidden_norm,linear_proj}.0`` and ``model.mtp_block.0.<decoder layer>`` (ERNIE 4.5: a dense
     layer, the target's final norm before the LM head as transformers' ``MtpModel`` reads it, the unnormed output fed
-    back and the embedding zeroed at position 0 as vLLM serves it).
+    back and the embedding zeroed at position 0 as vLLM serves it);
+  * ``model.mtp.layers.0.{enorm,hnorm,eh_proj,final_layernorm,<decoder layer>}`` (MiMo-V2-Flash: a sliding-window
+    layer with attention sinks and a dense MLP, ``pre_mlp_layernorm`` and ``attention_sink_bias`` as published);
+  * ``model.mtp.{layers.0.enorm.m,layers.0.hnorm.m,layers.0.eh_proj,norm,embed_tokens,layers.0.<layer>}``
+    (LongCat-Flash: a plain layer, one MLA attention and one dense MLP, ``transformer_layer.mlp``, not the target's
+    two-sublayer kind).
 Transformers' ``MtpModel`` (5.25) builds the same computation for ERNIE and Mellum; the tests check against it.
 """
 
@@ -54,6 +60,9 @@ class MtpLayout:
     hidden_first: bool = False  # fc reads [hidden; embedding] (MiMo) rather than [embedding; hidden]
     shared_norm: bool = False  # the output norm is the target's final norm, not in the MTP weights (ERNIE 4.5)
     dense: bool = False  # a dense MLP where the target's last layers are MoE: built as the target's layer 0 (ERNIE)
+    kinds: tuple = ()  # (per-layer config list, the MTP layer's entry): what it is where the config does not say
+    renames: tuple = ()  # (published, transformers') names inside the decoder layer
+    plain: bool = False  # one attention and one dense MLP of the target's classes, not its decoder layer (LongCat)
 
 
 LAYOUTS = (
@@ -66,6 +75,14 @@ LAYOUTS = (
     MtpLayout("mimo", "model.mtp_layers.0.", "input_proj.weight",
               {"token_layernorm": "emb_norm", "hidden_layernorm": "hidden_norm", "input_proj": "fc",
                "final_layernorm": "norm"}, "", True, True, hidden_first=True),
+    MtpLayout("mimo_v2", "model.mtp.layers.0.", "final_layernorm.weight",
+              {"enorm": "emb_norm", "hnorm": "hidden_norm", "eh_proj": "fc", "final_layernorm": "norm"}, "", True,
+              False, kinds=(("layer_types", "sliding_attention"), ("mlp_layer_types", "dense")),
+              renames=(("pre_mlp_layernorm", "post_attention_layernorm"), ("attention_sink_bias", "sinks"))),
+    MtpLayout("longcat", "model.mtp.", "layers.0.enorm.m.weight",
+              {"layers.0.enorm.m": "emb_norm", "layers.0.hnorm.m": "hidden_norm", "layers.0.eh_proj": "fc",
+               "norm": "norm", "embed_tokens": "embedding"}, "layers.0.", True, False,
+              renames=(("transformer_layer.mlp.", "mlp."),), plain=True),
     MtpLayout("ernie", "model.mtp_", "linear_proj.0.weight",
               {"emb_norm.0": "emb_norm", "hidden_norm.0": "hidden_norm", "linear_proj.0": "fc"}, "block.0.",
               False, True, shared_norm=True, dense=True),
@@ -147,24 +164,49 @@ def _dequantize_blocks(raw: dict[str, torch.Tensor], block: tuple[int, int]) -> 
     return out
 
 
-def _layer_at(target_model: nn.Module, index: int, dense: bool = False):
+def _layer_at(target_model: nn.Module, index: int, layout: MtpLayout):
     """The target's decoder-layer class built at ``index`` (past its last layer: MoE where the model puts MoE; at 0 for
     a ``dense`` layer) and the config it reads, per-layer lists extended by the config's ``mtp_<name>`` entry where it
-    has one (Mellum's ``mtp_layer_types``), else by full attention / the last entry; its cache slot is renumbered 0."""
+    has one (Mellum's ``mtp_layer_types``), else the layout's (MiMo-V2-Flash's sliding dense layer), else full attention
+    / the last entry; its cache slot is renumbered 0; eager attention kept where the target needs it (sinks)."""
     cfg = copy.deepcopy(target_model.config)
     n = cfg.num_hidden_layers
     cfg.num_hidden_layers = index + 1
+    kinds = dict(layout.kinds)
     for name, value in list(vars(cfg).items()):
         if isinstance(value, list) and len(value) == n and n and not name.startswith("mtp_"):
             own = getattr(cfg, f"mtp_{name}", None)
-            setattr(cfg, name, value + [own[0] if isinstance(own, list) and own else
-                                        "full_attention" if name == "layer_types" else value[-1]])
-    cfg._attn_implementation = "sdpa"
-    layer = type(target_model.base_model.layers[0])(cfg, 0 if dense else index)
+            setattr(cfg, name, value + [own[0] if isinstance(own, list) and own else kinds.get(name) or (
+                "full_attention" if name == "layer_types" else value[-1])])
+    cfg._attn_implementation = "eager" if cfg._attn_implementation == "eager" else "sdpa"
+    like = target_model.base_model.layers[0]
+    layer = PlainLayer(cfg, like) if layout.plain else type(like)(cfg, 0 if layout.dense else index)
     for m in layer.modules():
         if hasattr(m, "layer_idx"):
             m.layer_idx = 0
     return layer, cfg
+
+
+class PlainLayer(nn.Module):
+    """A pre-norm decoder layer of one attention and one dense MLP, of the target layer's own classes: LongCat-Flash's
+    MTP layer (its decoder layers have two attention sublayers and a shortcut MoE; the MTP layer is the plain kind)."""
+
+    def __init__(self, config, like: nn.Module):
+        super().__init__()
+        attn, mlp, norm = (m[0] if isinstance(m, nn.ModuleList) else m for m in (
+            like.self_attn, getattr(like, "mlps", None) or like.mlp, like.input_layernorm))
+        self.self_attn = type(attn)(config, 0)
+        self.mlp = type(mlp)(config)
+        self.input_layernorm, self.post_attention_layernorm = (type(norm)(config.hidden_size, eps=config.rms_norm_eps)
+                                                               for _ in range(2))
+
+    def forward(self, hidden_states: torch.Tensor, attention_mask=None, position_ids=None, cache=None,
+                use_cache: bool = False, position_embeddings=None, **kwargs) -> torch.Tensor:
+        h, _ = self.self_attn(hidden_states=self.input_layernorm(hidden_states), attention_mask=attention_mask,
+                              position_ids=position_ids, use_cache=use_cache, position_embeddings=position_embeddings,
+                              **{cache_arg(self.self_attn): cache}, **kwargs)
+        hidden_states = hidden_states + h
+        return hidden_states + self.mlp(self.post_attention_layernorm(hidden_states))
 
 
 def _stack_experts(state: dict[str, torch.Tensor], params: set[str]) -> dict[str, torch.Tensor]:
@@ -209,7 +251,7 @@ class MtpHead(EagleHead):
         self.target_config = target_model.config
         self.target_name = target_name
         index = layer_count(target_model)
-        layer, self.config = _layer_at(target_model, index, layout.dense)
+        layer, self.config = _layer_at(target_model, index, layout)
         self.layers = nn.ModuleList([layer])
         h = self.config.hidden_size
         self.fc = nn.Linear(2 * h, h, bias=fc_bias)
@@ -273,7 +315,8 @@ def load_mtp(path: str | Path, target) -> MtpHead:
     if found is None:
         raise DraftTreeError(f"{path} holds no multi-token-prediction layer (DeepSeek-style "
                              "model.layers.<L>.eh_proj, Qwen3-Next-style mtp.fc, MiMo-style "
-                             "model.mtp_layers.0.input_proj or ERNIE-style model.mtp_linear_proj.0 weights)")
+                             "model.mtp_layers.0.input_proj, ERNIE-style model.mtp_linear_proj.0, MiMo-V2-style "
+                             "model.mtp.layers.0.final_layernorm or LongCat-style model.mtp.layers.0.enorm.m weights)")
     layout, prefix, files = found
     raw = _dequantize_blocks(_read(files), _block_size(Path(path)))
     state: dict[str, torch.Tensor] = {}
@@ -283,7 +326,10 @@ def load_mtp(path: str | Path, target) -> MtpHead:
         if theirs is not None:
             state[layout.names[theirs] + rel[len(theirs):]] = v
         elif rel.startswith(layout.block):  # the decoder layer's (Qwen3-Next's second MTP layer, if any, left out)
-            state["layers.0." + rel[len(layout.block):]] = v
+            rel = rel[len(layout.block):]
+            for theirs_name, ours in layout.renames:
+                rel = rel.replace(theirs_name, ours)
+            state["layers.0." + rel] = v
     quantized = sorted(k for k in raw if k.endswith(("weight_scale_inv", "weight_scale", "input_scale")))
     quantized += sorted(f"{k} ({v.dtype})" for k, v in raw.items() if v.element_size() == 1)  # FP8 / int8 weights
     if quantized:
