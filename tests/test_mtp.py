@@ -390,6 +390,26 @@ def test_mtp_misfits_get_one_line(tmp_path):
         load_head_for(LoadedModel(target.model, IdsTokenizer(), "x", str(tmp_path / "fp8")), "mtp")
 
 
+def test_an_mtp_projection_with_a_bias_is_read(tmp_path):
+    """ERNIE's ``mtp_linear_proj`` may carry a bias (``use_bias``): the head reads it and adds it to the projection."""
+    _build("ernie", tmp_path / "model")
+    path = tmp_path / "model"
+    target = _target(path)
+    plain = load_head_for(target, "mtp")
+    with safe_open(str(path / "model.safetensors"), framework="pt") as f:
+        tensors = {k: f.get_tensor(k) for k in f.keys()}  # noqa: SIM118
+    bias = torch.randn(tensors["model.mtp_linear_proj.0.weight"].shape[0])
+    save_file(tensors | {"model.mtp_linear_proj.0.bias": bias}, str(path / "model.safetensors"))
+    head = load_head_for(target, "mtp")
+    torch.testing.assert_close(head.fc.bias, bias, rtol=0, atol=0)
+    x = torch.randn(3, head.fc.in_features)
+    torch.testing.assert_close(head.fc(x), plain.fc(x) + bias)
+    sm = SpeculativeModel(target, method="eagle2", head=head)
+    for p in _prompts():
+        assert sm.generate(p, max_new_tokens=N, ignore_eos=True).tokens == sm.generate(
+            p, max_new_tokens=N, method="ar", ignore_eos=True).tokens
+
+
 def test_an_fp8_mtp_layer_with_block_scales_is_dequantized(tmp_path):
     """DeepSeek-V3/R1 publish their MTP layer in FP8 with a float32 scale per 128 x 128 block (``weight_scale_inv``):
     the head's weights are each block times its scale (computed here block by block), and it decodes exactly."""
