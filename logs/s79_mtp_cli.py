@@ -2,7 +2,8 @@
 from layer 1; its MTP layer dense, `model.mtp_{emb_norm,hidden_norm,linear_proj}.0` and `model.mtp_block.0.`, the final
 norm shared) and a tiny random Mellum (its MTP layer `mtp.*`: sliding-window attention with MoE, a window of 16 tokens,
 shorter than the prompt), both with SmolLM2's tokenizer, and runs `drafttree generate --head mtp --compare` with eagle2
-and auto in float32 and bfloat16. Usage: python logs/s79_mtp_cli.py OUTDIR"""
+and auto in float32 and bfloat16; then --draft-vocab (the MTP layer drafting over the first 8,192 ids) and its misuse.
+Usage: python logs/s79_mtp_cli.py OUTDIR"""
 
 import subprocess
 import sys
@@ -69,12 +70,22 @@ def build(arch: str) -> Path:
 prompt = ("Summarise: the river rose through the night, the bridge closed at dawn, and by noon the town hall had "
           "opened its doors to families from the lower streets, who brought blankets, dogs and stories.")
 dt = [sys.executable, "-m", "drafttree"]
+
+
+def run(args: list[str]) -> None:
+    p = subprocess.run(dt + args, capture_output=True, text=True)
+    print("$ drafttree", " ".join(a if " " not in a else "'...'" for a in args), f"(exit {p.returncode})")
+    lines = [ln for ln in (p.stdout + p.stderr).splitlines() if ln.startswith(("[", "speedup")) or "error" in ln]
+    print("\n".join(lines) + "\n")
+
+
 for arch in KINDS:
     path = build(arch)
     for method, dtype in (("eagle2", "float32"), ("auto", "float32"), ("eagle-chain", "bfloat16")):
-        args = ["generate", prompt, "--model", str(path), "--head", "mtp", "--method", method, "--max-new-tokens",
-                "40", "--dtype", dtype, "--compare"]
-        p = subprocess.run(dt + args, capture_output=True, text=True)
-        print("$ drafttree", " ".join(a if " " not in a else "'...'" for a in args), f"(exit {p.returncode})")
-        lines = [ln for ln in (p.stdout + p.stderr).splitlines() if ln.startswith(("[", "speedup", "drafttree:"))]
-        print("\n".join(lines) + "\n")
+        run(["generate", prompt, "--model", str(path), "--head", "mtp", "--method", method, "--max-new-tokens", "40",
+             "--dtype", dtype, "--compare"])
+    run(["generate", prompt, "--model", str(path), "--head", "mtp", "--method", "eagle2", "--max-new-tokens", "40",
+         "--dtype", "float32", "--draft-vocab", "8192", "--compare"])
+run(["generate", prompt, "--max-new-tokens", "8", "--draft-vocab", "8192"])  # the shipped head has its own
+run(["generate", prompt, "--model", str(out / "mellum"), "--method", "lookup", "--draft-vocab", "8192"])
+run(["generate", prompt, "--max-new-tokens", "8", "--draft-vocab", "0"])

@@ -83,7 +83,7 @@ class SpeculativeModel:
     def from_pretrained(cls, model: str = DEFAULT_MODEL, method: str = "auto", draft_model: str | None = None,
                         head: str | None = "auto", dtype: str | torch.dtype = "auto", device: str = "auto",
                         show_progress: bool = True, prefix_cache: bool = False, freeze_gc: bool = True,
-                        **method_options) -> SpeculativeModel:
+                        draft_vocab: int | None = None, **method_options) -> SpeculativeModel:
         """Load a target (and a draft LM or EAGLE head if the method needs one).
 
         ``head='auto'`` uses the head shipped for the target when there is one; ``method='auto'`` is
@@ -91,10 +91,15 @@ class SpeculativeModel:
         machine (the root alone, plain decoding, where no tree pays). ``freeze_gc``: after the process's first load,
         its objects (~390k after importing torch and transformers) go to the collector's permanent generation
         (``gc.freeze``, as vLLM does after start-up), so that a full collection while decoding scans only what
-        decoding made: one took 0.3 s in the middle of a burst of 64 users.
+        decoding made: one took 0.3 s in the middle of a burst of 64 users. ``draft_vocab``: the head (a model's own
+        MTP layer, an EAGLE-1 head) drafts over the first that many token ids only (``heads.restrict_draft_vocab``).
         """
         if not isinstance(prefix_cache, bool):  # fail before loading anything
             raise DraftTreeError(f"prefix_cache must be true or false, got {prefix_cache!r}")
+        if draft_vocab is not None:
+            from drafttree.heads import check_draft_vocab
+
+            check_draft_vocab(draft_vocab)
         spec = check_method("hybrid" if method == "auto" else method)
         needs = "model" if method == "auto" else spec.needs
         parse_options(spec.schema, method, method_options)
@@ -119,6 +124,10 @@ class SpeculativeModel:
             from drafttree.heads import load_head_for
 
             eagle_head = load_head_for(target, None if head == "auto" else head, required=needs == "head")
+        if draft_vocab is not None:
+            from drafttree.heads import restrict_draft_vocab
+
+            restrict_draft_vocab(eagle_head, draft_vocab, target)
         lm = cls(target, method=method, draft=draft, head=eagle_head, prefix_cache=prefix_cache, **method_options)
         if freeze_gc and not _frozen:
             _freeze_gc()

@@ -73,6 +73,7 @@ def cmd_generate(args) -> int:
         raise DraftTreeError("empty prompt")
     lm = drafttree.SpeculativeModel.from_pretrained(
         args.model, method=args.method, draft_model=args.draft_model, head=args.head or "auto",
+        draft_vocab=args.draft_vocab,
         dtype=args.dtype, device=args.device, show_progress=not args.json, **_method_options(args),
     )
     seed = args.seed
@@ -343,6 +344,9 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--draft-model", default=None, help="draft LM for --method draft (same tokenizer)")
     g.add_argument("--head", default=None, help="EAGLE head directory, or mtp: the MTP layer in the model's own "
                    "checkpoint (default: the head shipped for the model, else that MTP layer)")
+    g.add_argument("--draft-vocab", type=positive_int, default=None, metavar="N",
+                   help="the head drafts over the first N token ids only (an MTP layer, an EAGLE-1 head: fewer LM head "
+                   "rows per draft level on a big vocabulary; the output is unchanged)")
     g.add_argument("--temperature", type=float, default=0.0)
     g.add_argument("--top-p", type=float, default=1.0)
     g.add_argument("--top-k", type=int, default=0, help="target sampling top-k (0 = off)")

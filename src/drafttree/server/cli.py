@@ -44,6 +44,7 @@ def cmd_serve(args) -> int:
               file=sys.stderr)
     sm = drafttree.SpeculativeModel.from_pretrained(
         args.model, method=args.method, draft_model=args.draft_model, head=args.head or "auto",
+        draft_vocab=args.draft_vocab,
         dtype=args.dtype, device=args.device, prefix_cache=args.enable_prefix_caching,
     )
     sm.prefill_chunk = args.prefill_chunk
@@ -83,6 +84,9 @@ def add_parser(sub) -> None:
     s.add_argument("--draft-model", default=None, help="draft LM for --method draft (same tokenizer)")
     s.add_argument("--head", default=None, help="EAGLE head directory, or mtp: the MTP layer in the model's own "
                    "checkpoint (default: the head shipped for the model, else that MTP layer)")
+    s.add_argument("--draft-vocab", type=positive_int, default=None, metavar="N",
+                   help="the head drafts over the first N token ids only (an MTP layer, an EAGLE-1 head: fewer LM head "
+                   "rows per draft level on a big vocabulary; the output is unchanged)")
     s.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"])
     s.add_argument("--device", default="auto", help="cpu, cuda, cuda:1 ... (auto: cuda if available)")
     s.add_argument("--host", default="127.0.0.1", help="address to listen on (0.0.0.0 for every interface)")
