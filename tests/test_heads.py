@@ -133,3 +133,45 @@ def test_export_for_serving_engines(fmt, tmp_path):
     assert not export_head(tmp_path / "nb", tmp_path / "nb-out", "vllm")["warnings"]
     with pytest.raises(DraftTreeError, match="format"):
         export_head(tmp_path / "h", tmp_path / "x", "onnx")
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_long_committed_pairs_encode_as_a_prefill(dtype):
+    """A long backlog of committed pairs (a prompt's) attends as a prefill (causal without an n x n mask; the prompt
+    kernel where it runs, a cached prefix or not): the head's state equals that of the same pairs encoded 100 at a time
+    through the masked path, up to the dtype's rounding."""
+    from drafttree.drafters.eagle import EagleState
+
+    lm = LoadedModel(tiny_causal_lm("llama", hidden=128, seed=3, dtype=dtype), None, "tiny-llama", "")
+    head = EagleHead(lm.model).to(dtype)
+    g = torch.Generator().manual_seed(0)
+    n1, n2 = 300, 200  # both above attention.MAX_FOLDED_QUERY: the first into an empty cache, the second after it
+    feats = torch.randn(n1 + n2, 128, generator=g).to(dtype)
+    ids = torch.randint(0, 64, (n1 + n2,), generator=g).tolist()
+    whole, parts = EagleState(head), EagleState(head)
+    for a, b in ((0, n1), (n1, n1 + n2)):
+        whole.encode(feats[a:b], ids[a:b], a)
+        whole.flush()
+    for a in range(0, n1 + n2, 100):
+        parts.encode(feats[a:a + 100], ids[a:a + 100], a)
+        parts.flush()
+    assert whole.committed == parts.committed == n1 + n2
+    tol = dict(atol=1e-4, rtol=1e-4) if dtype == torch.float32 else dict(atol=5e-2, rtol=5e-2)
+    torch.testing.assert_close(whole.root_feat.float(), parts.root_feat.float(), **tol)
+    for lw, lp in zip(whole.cache.layers, parts.cache.layers):
+        torch.testing.assert_close(lw.values[:, :, : n1 + n2].float(), lp.values[:, :, : n1 + n2].float(), **tol)
+    # every position's output, not just the last (a dropped causal mask leaks later pairs into earlier positions):
+    # the prefill path against the masked one, into an empty cache and after a cached prefix
+    from drafttree.cache import GrowingCache
+
+    with torch.inference_mode():
+        prefill, masked = EagleState(head), EagleState(head)
+        for a, b in ((0, n1), (n1, n1 + n2)):
+            n = b - a
+            args = (feats[a:b], torch.tensor(ids[a:b]), torch.arange(a, b), torch.ones(n, n, dtype=torch.bool).tril())
+            outs = []
+            for state, committed in ((prefill, True), (masked, False)):
+                state.cache = state.cache or GrowingCache()
+                outs.append(state._run(*args, committed=committed))
+                state.committed = b
+            torch.testing.assert_close(outs[0].float(), outs[1].float(), **tol)

@@ -80,6 +80,19 @@ def test_merge_shares_prefixes_keeps_best_score_and_stays_connected():
         assert all(m.parents[i] in keep for i in keep[1:]), "the kept nodes must form a tree"
 
 
+def test_merge_takes_a_proposals_best_nodes_ties_to_the_earlier():
+    """``limit`` below a proposal's size: its ``limit`` best-scored nodes join (equal scores: the earlier node), in
+    creation order, so parents come before children."""
+    # scores: 5 -0.2, 6 -0.5, 7 -0.3, 8 -0.5 (a tie with 6), 9 -0.6 (below 6)
+    a = Proposal(0, _cands([5, 6, 7, 8, 9], [-1, 0, -1, 2, 1], [-0.2, -0.3, -0.3, -0.2, -0.1]),
+                 torch.tensor([0, 1, 2, 3, 4]))
+    for limit, kept in ((1, [5]), (2, [5, 7]), (3, [5, 6, 7]), (4, [5, 6, 7, 8]), (5, [5, 6, 7, 8, 9])):
+        m = MergedTree(root=1)
+        m.add(a, limit=limit)
+        assert m.tokens == [1, *kept], limit
+        assert all(p < i for i, p in enumerate(m.parents) if i), "parents before children"
+
+
 def test_agreed_nodes_are_rated_by_what_agreement_was_worth():
     """With no evidence an agreed node reads as its best single estimate; once agreement has been seen to be
     accepted it reads higher, and its subtree with it; nodes one source alone proposed keep their estimate."""
@@ -247,3 +260,34 @@ def test_greedy_and_sampled_generations_learn_separate_calibrations():
 
 
 # --------------------------------------------------------------- T > 0: deep mixed-source trees are lossless
+
+
+def test_calibration_rates_follow_every_change_of_counts_and_prior():
+    """The memoised rate tables are rebuilt after updates, decay, reset, an in-place change of the prior or the counts
+    and a new prior: rate / logp / rate_of always equal (hits + s * prior) / (trials + s), floored."""
+    cal = Calibration(torch.tensor([0.2, 0.5, 0.9, 0.6]), strength=4.0)
+    cells = torch.tensor([0, 1, 2, 3, 1])
+
+    def check():
+        want = ((cal.hits + cal.strength * cal.prior) / (cal.trials + cal.strength)).clamp(cal.floor, 1.0)
+        torch.testing.assert_close(cal.rate(cells), want[cells].float())
+        torch.testing.assert_close(cal.logp(cells), want[cells].float().log())
+        assert [cal.rate_of(c) for c in range(4)] == pytest.approx(want.tolist(), rel=1e-12)
+
+    check()
+    cal.update([0, 0, 2], [True, True, False])
+    check()
+    cal.decay(0.5)
+    check()
+    cal.prior.fill_(0.97)
+    check()
+    cal.hits.zero_()
+    check()
+    cal.prior, cal.strength = torch.tensor([0.1, 0.1, 0.1, 0.1], dtype=torch.float64), 8.0
+    check()
+    cal.reset()
+    check()
+    with torch.inference_mode():  # counts made under inference mode keep no version: still right
+        cal.hits = torch.zeros(4, dtype=torch.float64)
+        cal.update([1], [True])
+    check()

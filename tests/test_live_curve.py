@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 
+import pytest
 import torch
 
 from drafttree.accept import Sampling
@@ -143,3 +144,17 @@ def test_eagle2_and_draft_lm_trees_take_the_live_curve_and_the_batch_reports_a_l
     while dec.rows:
         dec.step()
     assert [c[:2] for c in d.calls] == [(1, 4), (1, 5), (1, 6)] and all(c[2] > 0 for c in d.calls)
+
+
+def test_a_curve_interpolates_between_its_points_and_answers_the_same_twice():
+    """verify(n): the measured point, linear between points, proportional beyond the last, the first below it; a
+    memoised answer is the computed one (the budget asks for the same sizes thousands of times a generation)."""
+    cm = CostModel([1, 4, 8], [0.010, 0.016, 0.024])
+    expect = {0: 0.010, 1: 0.010, 2: 0.012, 4: 0.016, 6: 0.020, 8: 0.024, 16: 0.048}
+    for _ in range(2):
+        for n, v in expect.items():
+            assert cm.verify(n) == pytest.approx(v, rel=1e-12), n
+    keyed = CostModel([1, 4, 8], [0.010, 0.016, 0.024], per_key=1e-6)
+    assert keyed.verify(4) == pytest.approx(0.016)
+    longer = keyed.at(1000)  # another curve (each token attends over 1,000 more keys), with its own answers
+    assert longer.verify(4) == pytest.approx(0.016 + 4 * 1e-6 * 1024) and keyed.verify(4) == pytest.approx(0.016)

@@ -7,7 +7,9 @@ import torch
 
 from drafttree.tree import (
     EAGLE1_TREE,
+    SMALL_TREE,
     DraftTree,
+    _closure,
     ancestor_matrix,
     grow_chain,
     grow_dynamic_tree,
@@ -161,3 +163,19 @@ def test_options_are_validated_once_with_clear_errors():
             parse_options(LookupOptions, "lookup", raw)
     with pytest.raises(DraftTreeError, match="list of paths"):
         parse_options(EagleOptions, "eagle1", {"tree": True})
+
+
+def test_small_trees_ancestors_on_the_host_equal_the_closure():
+    """Trees up to SMALL_TREE nodes get their ancestors row by row on the host: the same matrix as the closure, for
+    chains, stars, the root alone and random trees (each node's parent any earlier node)."""
+    g = torch.Generator().manual_seed(0)
+    shapes = [[-1], list(range(-1, SMALL_TREE - 1)), [-1] + [0] * (SMALL_TREE - 1)]
+    for n in range(2, SMALL_TREE + 1):
+        for _ in range(20):
+            shapes.append([-1] + [int(torch.randint(0, i, (1,), generator=g)) for i in range(1, n)])
+    for parents in shapes:
+        p = torch.tensor(parents)
+        anc = ancestor_matrix(p)
+        assert anc.dtype == torch.bool and torch.equal(anc, _closure(p)), parents
+    big = torch.tensor([-1] + list(range(SMALL_TREE)))  # past the host path: the closure itself
+    assert torch.equal(ancestor_matrix(big), torch.ones(SMALL_TREE + 1, SMALL_TREE + 1, dtype=torch.bool).tril())

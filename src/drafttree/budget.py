@@ -58,6 +58,19 @@ class CostModel:
         return memo[bucket]
 
     def verify(self, n: int) -> float:
+        """Seconds of one forward verifying ``n`` tokens (interpolated; memoised: the budget and the pruners ask for
+        the same few sizes thousands of times a generation, and a curve is never changed once made)."""
+        memo = self.__dict__.get("_verify")
+        if memo is None:
+            memo = self.__dict__["_verify"] = {}
+        v = memo.get(n)
+        if v is None:
+            if len(memo) > 4096:
+                memo.clear()
+            v = memo[n] = self._interpolate(n)
+        return v
+
+    def _interpolate(self, n: int) -> float:
         xs, ys = self.sizes, self.seconds
         if n <= xs[0]:
             return ys[0]

@@ -355,7 +355,7 @@ class HybridDrafter(Drafter):
         pos = {node: j for j, node in enumerate(keep)}
         parents = torch.tensor([-1] + [pos[merged.parents[i]] for i in keep[1:]], dtype=torch.long)
         tree = DraftTree.from_parents(tokens, parents)
-        tree.expected_accept = float(sum(torch.tensor([merged.scores[i] for i in keep[1:]]).exp()))
+        tree.expected_accept = sum(math.exp(merged.scores[i]) for i in keep[1:])
         self._round = (merged, keep, ran)
         return tree
 

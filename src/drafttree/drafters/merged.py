@@ -13,8 +13,6 @@ from __future__ import annotations
 
 import math
 
-import torch
-
 from drafttree.sources.base import Proposal
 
 BINS = 10  # of the best single estimate, 0.0-0.1, ..., 0.9-1.0
@@ -63,8 +61,9 @@ class MergedTree:
         m = int(c.tokens.numel())
         if m == 0:
             return
-        keep = torch.sort(torch.sort(c.score, descending=True, stable=True).indices[:limit]).values.tolist()
         toks, pars, scores, conds = c.tokens.tolist(), c.parents.tolist(), c.score.tolist(), c.cond_logp.tolist()
+        # the best ``limit`` (ties: the earlier), in creation order; host floats (a few dozen nodes, every round)
+        keep = sorted(sorted(range(m), key=lambda i: -scores[i])[:limit]) if m > limit else range(m)
         cells = prop.cells.tolist()
         where: dict[int, int] = {}
         for i in keep:

@@ -36,18 +36,32 @@ class Calibration:
         self.level_hits = [0.0] * levels
         self.level_tests = [0.0] * levels
 
+    def _tables(self) -> tuple[torch.Tensor, torch.Tensor, list[float]]:
+        """Every cell's rate (float32), its log and the rates as floats, rebuilt only when the counts, the prior or
+        the shrinkage changed (tensor versions count in-place writes): sources look up a few cells several times a
+        round, and a dozen small tensor ops per lookup cost more than the round's arithmetic."""
+        tensors = (self.prior, self.hits, self.trials)
+        # inference tensors (made under torch.inference_mode) keep no version: those tables are built every time
+        key = None if any(t.is_inference() for t in tensors) else (*(t._version for t in tensors), self.strength,
+                                                                    self.floor)
+        cached = self.__dict__.get("_cached")
+        if (key is None or cached is None or cached[1] != key or cached[0][0] is not self.prior
+                or cached[0][1] is not self.hits or cached[0][2] is not self.trials):
+            r = ((self.hits + self.strength * self.prior) / (self.trials + self.strength)).clamp(self.floor, 1.0)
+            rate = r.float()
+            cached = (tensors, key, rate, rate.log(), r.tolist())
+            self.__dict__["_cached"] = cached
+        return cached[2], cached[3], cached[4]
+
     def rate(self, cells: torch.Tensor) -> torch.Tensor:
-        c = cells.cpu()
-        r = (self.hits[c] + self.strength * self.prior[c]) / (self.trials[c] + self.strength)
-        return r.clamp(self.floor, 1.0).float().to(cells.device)
+        return self._tables()[0][cells.cpu()].to(cells.device)
 
     def rate_of(self, cell: int) -> float:
         """:meth:`rate` of one cell, as a float (no tensor ops on a hot path)."""
-        hits, trials, prior = float(self.hits[cell]), float(self.trials[cell]), float(self.prior[cell])
-        return min(1.0, max(self.floor, (hits + self.strength * prior) / (trials + self.strength)))
+        return self._tables()[2][cell]
 
     def logp(self, cells: torch.Tensor) -> torch.Tensor:
-        return self.rate(cells).log()
+        return self._tables()[1][cells.cpu()].to(cells.device)
 
     def update(self, cells: list[int], outcomes: list[bool]) -> None:
         if not cells:

@@ -14,6 +14,7 @@ occurs; built once per corpus file and process (~16 bytes per token per n).
 
 from __future__ import annotations
 
+import bisect
 import functools
 from collections import Counter
 from pathlib import Path
@@ -31,7 +32,8 @@ DEPTHS = 4  # depth buckets 1, 2, 3, 4+
 
 
 def _bucket(x: float, edges: tuple) -> int:
-    return sum(x >= e for e in edges)
+    """How many of the (ascending) ``edges`` ``x`` reaches."""
+    return bisect.bisect_right(edges, x)
 
 
 class CorpusIndex:
@@ -111,11 +113,14 @@ class CorpusIndex:
 
 
 def cells_shape() -> tuple[int, int, int, int]:
-    return (5, len(SHARE_EDGES) + 1, len(COUNT_EDGES) + 1, DEPTHS)  # n in 0..4 (0, 1 unused)
+    return _SHAPE
+
+
+_SHAPE = (5, len(SHARE_EDGES) + 1, len(COUNT_EDGES) + 1, DEPTHS)  # n in 0..4 (0, 1 unused)
 
 
 def corpus_cell(n: int, share: float, count: int, depth: int) -> int:
-    _, s, c, d = cells_shape()
+    _, s, c, d = _SHAPE
     return ((min(n, 4) * s + _bucket(share, SHARE_EDGES)) * c + _bucket(count, COUNT_EDGES)) * d + min(depth, d) - 1
 
 
