@@ -91,5 +91,5 @@ if __name__ == "__main__":
     write("structured.jsonl", "structured", STRUCTURED)
     write("multilingual.jsonl", "multilingual", MULTILINGUAL)
     write("enumerate.jsonl", "enumerate", ENUMERATE)
-    print({n: sum(1 for _ in open(OUT / n)) for n in ("long_doc.jsonl", "structured.jsonl", "multilingual.jsonl",
-                                                       "enumerate.jsonl")})
+    for name in ("long_doc.jsonl", "structured.jsonl", "multilingual.jsonl", "enumerate.jsonl"):
+        print(name, len((OUT / name).read_text().splitlines()), "prompts")
