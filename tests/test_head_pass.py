@@ -98,27 +98,29 @@ def test_prepared_chain_candidates():
     assert only_root.tokens.tolist() == [1, 3, 2] and only_root.levels == 0
 
 
+class _Source:
+    """The little of a HeadSource the batch pass reads."""
+
+    depth = 8
+
+    def __init__(self, head, state):
+        self.head, self.state, self.prepared = head, state, None
+
+    def ready_state(self):
+        return self.state
+
+    def calibrated(self, raw, depth):
+        return raw
+
+
 @torch.inference_mode()
 def test_head_batch_drafts_chains_only_where_they_pay():
     """A row whose bar no chain can reach gets its root's children only; rows with a low bar get deeper chains,
     capped by their own depth and the pass's."""
     lm = tiny_causal_lm("llama", vocab=64, hidden=32, layers=2)
     head = _eagle1_head(lm)
-
-    class Source:
-        depth = 8
-
-        def __init__(self, state):
-            self.head, self.state, self.prepared = head, state, None
-
-        def ready_state(self):
-            return self.state
-
-        def calibrated(self, raw, depth):
-            return raw
-
     states = _states(head, 32, [4, 6, 8])
-    sources = [Source(s) for s in states]
+    sources = [_Source(head, s) for s in states]
     hb = HeadBatch(max_depth=4)
     hb.gate.enabled = False
     rows = [HeadRow(sources[0], bar=1.5, max_depth=8), HeadRow(sources[1], bar=1e-12, max_depth=8),
@@ -126,3 +128,26 @@ def test_head_batch_drafts_chains_only_where_they_pay():
     assert hb.draft(rows, batch_rows=3) > 0 and hb.passes == 1
     assert [len(s.prepared.levels) for s in sources] == [0, 3, 1]
     assert [s.pending for s in states] == [0, 3, 1]
+
+
+@torch.inference_mode()
+def test_head_batch_encodes_a_long_newcomer_as_its_first_draft_alone_would():
+    """A newcomer's long prompt (more than 128 pairs) is encoded beside the running rows' short backlogs: every row's
+    state (committed pairs, root feature) is what flushing it alone gives (the lone path encodes a long backlog as a
+    prefill)."""
+    lm = tiny_causal_lm("llama", vocab=64, hidden=128, layers=2)  # head_dim 32: the prompt kernel's shape
+    head = _eagle1_head(lm)
+    states = _states(head, 128, [4, 6])
+    g = torch.Generator().manual_seed(11)
+    newcomer = EagleState(head)
+    newcomer.encode(torch.randn(300, 128, generator=g), torch.randint(0, 60, (300,), generator=g).tolist(), 0)
+    states.append(newcomer)
+    alone = copy.deepcopy(states)
+    for s in alone:
+        s.flush()
+    hb = HeadBatch(max_depth=2)
+    hb.gate.enabled = False
+    hb.draft([HeadRow(_Source(head, s), bar=1e-12, max_depth=2) for s in states], batch_rows=3)
+    for a, s in zip(alone, states):
+        assert s.committed == a.committed
+        torch.testing.assert_close(s.root_feat, a.root_feat, atol=1e-5, rtol=1e-5)

@@ -177,5 +177,7 @@ def test_small_trees_ancestors_on_the_host_equal_the_closure():
         p = torch.tensor(parents)
         anc = ancestor_matrix(p)
         assert anc.dtype == torch.bool and torch.equal(anc, _closure(p)), parents
+    unordered = torch.tensor([-1, 2, 0, 1])  # a child before its parent: the closure takes it
+    assert torch.equal(ancestor_matrix(unordered), _closure(unordered))
     big = torch.tensor([-1] + list(range(SMALL_TREE)))  # past the host path: the closure itself
     assert torch.equal(ancestor_matrix(big), torch.ones(SMALL_TREE + 1, SMALL_TREE + 1, dtype=torch.bool).tril())

@@ -34,6 +34,8 @@ def ancestor_matrix(parents: torch.Tensor) -> torch.Tensor:
     if n <= SMALL_TREE and dev.type == "cpu":
         rows: list[list[bool]] = []
         for i, p in enumerate(parents.tolist()):
+            if p >= i:  # not parents before children: the closure does not need the order
+                return _closure(parents)
             row = rows[p].copy() if p >= 0 else [False] * n
             row[i] = True
             rows.append(row)

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from drafttree.attention import grouped_attention
+from drafttree.attention import MAX_FOLDED_QUERY, grouped_attention
 from drafttree.batching.policy import bucket
 from drafttree.drafters.eagle import EagleState, HeadInput
 from drafttree.kernels import fast_linears
@@ -161,6 +161,10 @@ class HeadBatch:
         # sequence's first draft does): a cost of joining or of probing, not of drafting, so such a round's gain is
         # weighed against the pass's usual cost, not this one
         self._catching_up |= any(int(i.ids.numel()) > CATCH_UP for _, i in flush)
+        # a long backlog (a newcomer's prompt) is encoded alone, as a prefill (EagleState._run), the others packed
+        for s, i in [(s, i) for s, i in flush if int(i.ids.numel()) > MAX_FOLDED_QUERY]:
+            s.flush_output(s._run(*i, committed=True))
+        flush = [(s, i) for s, i in flush if int(i.ids.numel()) <= MAX_FOLDED_QUERY]
         if flush:
             for (s, _), out in zip(flush, run_packed(head, [s for s, _ in flush], [i for _, i in flush])):
                 s.flush_output(out)
