@@ -50,10 +50,11 @@ class Noise:
         reads its first entries. Blocks are regenerated from the seed when asked for again."""
         block, row = divmod(int(pos), BLOCK)
         if block not in self._blocks:
-            if len(self._blocks) >= 3:  # a round reads at most ~2 blocks: keep the neighbours of this one
-                for b in [b for b in self._blocks if abs(b - block) > 1]:
+            if len(self._blocks) >= 5:  # a round reads at most 3 blocks (free sources' noise bins read up to 12
+                # positions ahead): keep the blocks within two of this one, so the root's is never dropped for them
+                for b in [b for b in self._blocks if abs(b - block) > 2]:
                     del self._blocks[b]
-                self._on = {k: v for k, v in self._on.items() if abs(k[0] // BLOCK - block) <= 1}
+                self._on = {k: v for k, v in self._on.items() if abs(k[0] // BLOCK - block) <= 2}
             self._gen.manual_seed(_mix(self.seed ^ _mix(block)))
             u = torch.rand(BLOCK, self.vocab, generator=self._gen).clamp_(min=torch.finfo(torch.float32).tiny)
             self._blocks[block] = u.log_().neg_().log_().neg_()

@@ -121,7 +121,8 @@ class HybridDrafter(Drafter):
         # acceptance differs between argmax (T=0) and sampling (a candidate is accepted with the target's
         # probability of it), so each mode has its own calibration per source, with its own fitted prior
         self.calibrations = {"greedy": [s.calibration for s in self.sources],
-                             "sampled": [s.calibration.fresh() for s in self.sources]}
+                             "sampled": [s.sampled_calibration() if hasattr(s, "sampled_calibration")
+                                         else s.calibration.fresh() for s in self.sources]}
         # nodes several sources proposed are rated by what such agreement was worth (drafters/merged.py), and each
         # source's own cells learn from the nodes it alone proposed; ``agree=False``: the best single estimate, and
         # every source learns from every node it proposed (the rule until stop 51)

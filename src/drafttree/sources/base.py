@@ -9,6 +9,7 @@ Everything here counts; nothing reads a clock, so estimates do not sway with the
 
 from __future__ import annotations
 
+import bisect
 import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
@@ -113,6 +114,99 @@ class Calibration:
     def fresh(self) -> Calibration:
         """A calibration with this one's built-in default prior and no observations."""
         return Calibration(self.default[0].clone(), self.default[1], self.floor, len(self.level_hits))
+
+
+# At T > 0 the target's token at a position is argmax(warped logits + that position's Gumbel noise), and the noise is
+# known before drafting (noise.py). A free source's candidate x at a position is accepted only if it wins there, and
+# given its own noise g it does with probability exp(-(1 - p) / p * e^-g) (p: the target's probability of x): a
+# candidate p = 0.5 wins 7% of the time at g = -1 and 87% at g = 2. So at T > 0 each free-source cell is split by the
+# bin of its candidate's noise (:class:`NoiseCalibration`), and the tree is grown where the noise favours the guesses.
+NOISE_EDGES = (-0.5, 0.5, 1.5, 2.5)  # standard Gumbel: 19%, 35%, 25%, 12%, 8% of draws
+NOISE_BINS = len(NOISE_EDGES) + 1
+
+
+def _gumbel_bin_means(p: torch.Tensor, spread: float = 0.0) -> torch.Tensor:
+    """[len(p), NOISE_BINS]: E[exp(-(1 - q) / q * e^-g) | g in bin] under a standard Gumbel g (quadrature on a fine
+    grid), for q = p, or with ``spread`` > 0 for q ~ Beta(spread * p, spread * (1 - p)) (a cell pools candidates the
+    target likes very differently). Weighted by the bins' probabilities a row averages to p (e^-g is exponential:
+    E[exp(-kX)] = 1/(1+k) = q)."""
+    g = torch.linspace(-4.0, 14.0, 9001, dtype=torch.float64)
+    density = torch.exp(-g - torch.exp(-g))
+    bins = torch.bucketize(g, torch.tensor(NOISE_EDGES, dtype=torch.float64), right=True)
+    p = p.double()
+    if spread > 0:  # q on a logit grid (q = sigmoid(t): the density's mass near 0 and 1 is resolved), Beta-weighted
+        t = torch.linspace(-30.0, 30.0, 1201, dtype=torch.float64)
+        q = torch.sigmoid(t)
+        a, b = (spread * p)[:, None], (spread * (1 - p))[:, None]
+        logw = a * torch.nn.functional.logsigmoid(t)[None, :] + b * torch.nn.functional.logsigmoid(-t)[None, :]
+        w = torch.exp(logw - logw.max(1, keepdim=True).values)
+        w = w / w.sum(1, keepdim=True)  # [P, Q]
+    else:
+        q, w = p, None
+    k = (1 - q) / q
+    win = torch.exp(-k[:, None] * torch.exp(-g)[None, :]) * density[None, :]  # [Q, G]
+    out = torch.zeros(p.numel(), NOISE_BINS, dtype=torch.float64)
+    for bn in range(NOISE_BINS):
+        sel = bins == bn
+        per_q = win[:, sel].sum(1) / density[sel].sum()
+        out[:, bn] = per_q if w is None else w @ per_q
+    return out
+
+
+# a cell's candidates are not all alike: its rate is read as the mean of Beta(2p, 2(1 - p)) (a prior: what the
+# target then accepts, per cell and bin, takes over after a few observations)
+PRIOR_SPREAD = 2.0
+
+
+def noise_prior(base: torch.Tensor, floor: float = 1e-3) -> torch.Tensor:
+    """A cell layout's prior (acceptance rates) split by noise bin: cell c, bin b at c * NOISE_BINS + b."""
+    p = base.double().clamp(floor, 1 - floor)
+    return _gumbel_bin_means(p, PRIOR_SPREAD).clamp(floor, 1 - floor).reshape(-1)
+
+
+class NoiseCalibration(Calibration):
+    """A free source's calibration at T > 0: its cells x the bins of the candidate's noise (see NOISE_EDGES), the
+    prior each cell's rate split as Gumbel-max predicts; fitted priors of the plain layout are split the same way."""
+
+    def __init__(self, base_prior: torch.Tensor, strength: float = 4.0, floor: float = 1e-3):
+        super().__init__(noise_prior(base_prior, floor), strength, floor)
+        self.base_cells = int(base_prior.numel())
+        self.base_default = base_prior.double().clone()
+
+    def fresh(self) -> NoiseCalibration:
+        return NoiseCalibration(self.base_default.clone(), self.default[1], self.floor)
+
+    def set_base_prior(self, base: torch.Tensor, strength: float) -> None:
+        """Start from ``base`` (rates of the plain layout, e.g. fitted ones) split by noise bin."""
+        self.prior = noise_prior(base, self.floor)
+        self.strength = float(strength)
+
+    @staticmethod
+    def cells(cells: list[int], tokens: list[int], depths: list[int], noise, root_pos: int) -> list[int]:
+        """Each candidate's cell with its noise bin: a node at depth d is the token sampled at root_pos + d. Without
+        noise (not sampling) every candidate reads the bin of the Gumbel median."""
+        if noise is None:
+            return [c * NOISE_BINS + MEDIAN_BIN for c in cells]
+        rows: dict[int, object] = {}
+        out = []
+        for c, t, d in zip(cells, tokens, depths):
+            g = rows.get(d)
+            if g is None:
+                g = rows[d] = noise.at(root_pos + d).numpy()
+            out.append(c * NOISE_BINS + bisect.bisect_right(NOISE_EDGES, float(g[t]) if t < len(g) else 0.0))
+        return out
+
+
+MEDIAN_BIN = bisect.bisect_right(NOISE_EDGES, -math.log(math.log(2.0)))  # the bin of the Gumbel median, 0.367
+
+
+def noise_cells(calibration: Calibration, cells: list[int], tokens: list[int], depths: list[int], rc) -> list[int]:
+    """A free source's cells as its current calibration reads them: split by each candidate's noise bin where that is
+    a :class:`NoiseCalibration` (the sampled one), else as they are."""
+    if not isinstance(calibration, NoiseCalibration):
+        return cells
+    sampling = rc.sampling is not None and not rc.sampling.greedy
+    return NoiseCalibration.cells(cells, tokens, depths, rc.noise if sampling else None, rc.root_pos)
 
 
 @dataclass

@@ -23,7 +23,15 @@ import numpy as np
 import torch
 
 from drafttree.errors import DraftTreeError
-from drafttree.sources.base import Calibration, Proposal, RoundContext, Trie, trie_proposal
+from drafttree.sources.base import (
+    Calibration,
+    NoiseCalibration,
+    Proposal,
+    RoundContext,
+    Trie,
+    noise_cells,
+    trie_proposal,
+)
 
 CORPUS_FILE = "corpus.npz"  # next to a head: ``tokens``, the target's answers (int32), -1 between them
 SHARE_EDGES = (0.25, 0.5, 0.75)  # share of the occurrences that agree on a node
@@ -187,10 +195,19 @@ class CorpusSource:
         if found is None:
             return None
         tokens, parents, cells = found
+        if isinstance(self.calibration, NoiseCalibration):  # T > 0: each cell split by its candidate's noise bin
+            depths: list[int] = []
+            for p in parents:  # parents before children
+                depths.append(1 if p < 0 else depths[p] + 1)
+            cells = noise_cells(self.calibration, cells, tokens, depths, rc)
         rate = self.calibration.rate_of
         if rc.min_accept > 0 and max(rate(c) for c, p in zip(cells, parents) if p < 0) < rc.min_accept:
             return None  # a batch's bar: no first token is good enough
         return trie_proposal(index, tokens, parents, torch.tensor(cells, dtype=torch.long), self.calibration)
+
+    def sampled_calibration(self) -> NoiseCalibration:
+        """This source's calibration at T > 0: its cells split by noise bin (sources/base.py, NOISE_EDGES)."""
+        return NoiseCalibration(corpus_prior())
 
 
 def write_corpus(distilled: str | Path, out: str | Path) -> dict:

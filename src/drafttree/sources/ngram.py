@@ -12,7 +12,15 @@ from __future__ import annotations
 
 import torch
 
-from drafttree.sources.base import Calibration, Proposal, RoundContext, Trie, trie_proposal
+from drafttree.sources.base import (
+    Calibration,
+    NoiseCalibration,
+    Proposal,
+    RoundContext,
+    Trie,
+    noise_cells,
+    trie_proposal,
+)
 
 MATCH_BUCKETS = (1, 2, 3, 4, 8)  # match length >= edge
 COUNT_BUCKETS = (1, 2, 3)
@@ -126,13 +134,19 @@ class NgramSource:
                 if p < len(toks):
                     c, best = first.get(toks[p], (0, 0))
                     first[toks[p]] = (c + 1, max(best, m))
-            if max((self.calibration.rate_of(cell(m, c, 1)) for c, m in first.values()), default=0.0) < rc.min_accept:
+            cells = noise_cells(self.calibration, [cell(m, c, 1) for c, m in first.values()], list(first),
+                                [1] * len(first), rc)  # at T > 0 split by noise bin (sources/base.py)
+            if max((self.calibration.rate_of(c) for c in cells), default=0.0) < rc.min_accept:
                 return None
         trie = Trie()
         for p, m in found:
             trie.add(toks[p:p + k], 1, m)
         if not trie.tokens:
             return None
-        cells = torch.tensor([cell(m, c, d) for m, c, d in zip(trie.tags, trie.weights, trie.depths)],
-                             dtype=torch.long)
-        return trie_proposal(index, trie.tokens, trie.parents, cells, self.calibration)
+        cells = noise_cells(self.calibration, [cell(m, c, d) for m, c, d in zip(trie.tags, trie.weights, trie.depths)],
+                            trie.tokens, trie.depths, rc)
+        return trie_proposal(index, trie.tokens, trie.parents, torch.tensor(cells, dtype=torch.long), self.calibration)
+
+    def sampled_calibration(self) -> NoiseCalibration:
+        """This source's calibration at T > 0: its cells split by noise bin (sources/base.py, NOISE_EDGES)."""
+        return NoiseCalibration(ngram_prior())

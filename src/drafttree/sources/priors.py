@@ -57,11 +57,15 @@ def apply_priors(calibrations: dict[str, list], names: list[str], priors: dict, 
             if name not in fitted:
                 continue
             hits, trials = fitted[name]
-            if hits.shape != cal.prior.shape:
-                continue  # fitted for another cell layout: keep the defaults
-            default = cal.default[0]
-            cal.prior = ((hits + strength * default) / (trials + strength)).clamp(cal.floor, 1 - cal.floor)
-            cal.strength = strength
+            if hits.shape == cal.prior.shape:
+                default = cal.default[0]
+                cal.prior = ((hits + strength * default) / (trials + strength)).clamp(cal.floor, 1 - cal.floor)
+                cal.strength = strength
+            elif hits.numel() == getattr(cal, "base_cells", -1):  # a fit of the plain layout, split by noise bin
+                base = cal.base_default
+                cal.set_base_prior(((hits + strength * base) / (trials + strength)).clamp(cal.floor, 1 - cal.floor),
+                                   strength)
+            # else fitted for another cell layout: keep the defaults
 
 
 def fit_priors(model, prompts: list, max_new_tokens: int = 128, temperature: float = 0.0, progress=None,
