@@ -120,12 +120,31 @@ def test_a_fitted_prior_of_the_plain_layout_is_split_by_noise_bin():
     assert not isinstance(Calibration(torch.tensor([0.5])).fresh(), NoiseCalibration)
 
 
-def test_hybrid_uses_split_cells_for_free_sources_only_when_sampling():
+def test_hybrid_splits_free_sources_sampled_cells_only_with_the_option():
     from drafttree.budget import CostModel, TreeBudget
     from drafttree.drafters.hybrid import HybridDrafter
 
     budget = TreeBudget(CostModel([1, 2, 4, 8], [1.0, 1.2, 1.5, 2.0]), max_total=8, min_total=1)
-    ngram = NgramSource()
-    hd = HybridDrafter([ngram], budget=budget)
+    hd = HybridDrafter([NgramSource()], budget=budget, noise_cells=True)
     assert not isinstance(hd.calibrations["greedy"][0], NoiseCalibration)
     assert isinstance(hd.calibrations["sampled"][0], NoiseCalibration)
+    plain = HybridDrafter([NgramSource()], budget=budget)  # the default: one cell per plain cell at T > 0 too
+    assert not isinstance(plain.calibrations["sampled"][0], NoiseCalibration)
+
+
+def test_auto_with_noise_cells_gives_plain_sampling_text(default_fp32):
+    """Drafting reads the noise, the output never depends on it: seeded T=1 text on the real default model (float32,
+    shipped head) equals plain decoding's, and the split cells were put to the test on the way."""
+    from drafttree.api import SpeculativeModel
+    from drafttree.heads import load_head_for
+
+    lm = SpeculativeModel(default_fp32, head=load_head_for(default_fp32))
+    prompt = "Write two sentences about rivers, then repeat them word for word."
+    options = {"noise_cells": True}
+    for seed in (4, 5):
+        plain = lm.generate(prompt, max_new_tokens=40, temperature=1.0, seed=seed, method="ar").tokens
+        got = lm.generate(prompt, max_new_tokens=40, temperature=1.0, seed=seed, method="auto",
+                          method_options=options)
+        assert got.tokens == plain
+    split = [c for c in lm.drafter("auto", options).calibrations["sampled"] if isinstance(c, NoiseCalibration)]
+    assert split and sum(float(c.trials.sum()) for c in split) > 0

@@ -53,7 +53,7 @@ def make_hybrid(target, draft=None, head=None, o: HybridOptions | None = None) -
     total = None if budget is not None else o.total_tokens
     drafter = HybridDrafter(sources, budget=budget, total_tokens=total, gate=o.gate,
                             costly_in_batches=o.costly_in_batches, batch_pass=o.batch_pass, agree=o.agree,
-                            clock_cost=o.clock_cost, live=live, batch_pack=o.batch_pack)
+                            clock_cost=o.clock_cost, live=live, batch_pack=o.batch_pack, noise_cells=o.noise_cells)
     drafter.draft_gate.enabled = o.gate and o.draft_gate
     drafter.greedy_draft_gate.enabled = o.gate and o.greedy_gate
     if head is not None:

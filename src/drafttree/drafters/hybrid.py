@@ -104,7 +104,7 @@ class HybridDrafter(Drafter):
     def __init__(self, sources: list[CandidateSource], budget=None, total_tokens: int | None = None,
                  gate: bool = True, name: str = "hybrid", costly_in_batches: bool = False,
                  batch_pass: bool = False, agree: bool = True, clock_cost: bool = False, live=None,
-                 batch_pack: bool = True):
+                 batch_pack: bool = True, noise_cells: bool = False):
         if budget is None and total_tokens is None:
             raise ValueError("HybridDrafter needs a TreeBudget or a fixed total_tokens")
         self.sources = list(sources)
@@ -119,9 +119,10 @@ class HybridDrafter(Drafter):
                            for mode in ("greedy", "sampled")}
         self.gates, self.batch_gate = self._gate_sets["greedy"]
         # acceptance differs between argmax (T=0) and sampling (a candidate is accepted with the target's
-        # probability of it), so each mode has its own calibration per source, with its own fitted prior
+        # probability of it), so each mode has its own calibration per source, with its own fitted prior; with
+        # ``noise_cells`` the free sources' sampled cells are split by their candidates' noise (sources/base.py)
         self.calibrations = {"greedy": [s.calibration for s in self.sources],
-                             "sampled": [s.sampled_calibration() if hasattr(s, "sampled_calibration")
+                             "sampled": [s.sampled_calibration() if noise_cells and hasattr(s, "sampled_calibration")
                                          else s.calibration.fresh() for s in self.sources]}
         # nodes several sources proposed are rated by what such agreement was worth (drafters/merged.py), and each
         # source's own cells learn from the nodes it alone proposed; ``agree=False``: the best single estimate, and

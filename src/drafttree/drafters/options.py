@@ -142,6 +142,10 @@ class HybridOptions:
     # no time saved (drafting stayed 8% of the wall: the free sources' share); auto 1.20x vs 1.26x `ar` without it
     clock_cost: bool = _opt(False, "bool", None, "costly sources' level costs corrected by the clock where it says "
                             "they take longer than modelled")
+    # off: side by side (stop 81, ten held-out classes at T=1, two alternated pairs) `auto` 1.02x / 1.04x our `ar` with
+    # it against 1.05x / 1.02x without (tau 1.26 / 1.35 vs 1.30 / 1.26): no gain measured (docs/benchmark-notes.md)
+    noise_cells: bool = _opt(False, "bool", None, "at T>0 the free sources' calibration cells are split by the bin of "
+                             "each candidate's own noise (sources/base.py: NoiseCalibration)")
     # on since stop 53: side by side (Zen 4, bf16) six tasks T=0 1.34x -> 1.37x `ar`, T=1 1.03x -> 1.07x (three tasks
     # below `ar` -> none), held-out classes 1.57x -> 1.54x, L 2.28x -> 2.29x; the cached curve had 8 tokens at 1.30x one
     # token where decoding timed ~2.1x (logs/s53_t1_long.py)
