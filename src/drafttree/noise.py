@@ -50,8 +50,8 @@ class Noise:
         reads its first entries. Blocks are regenerated from the seed when asked for again."""
         block, row = divmod(int(pos), BLOCK)
         if block not in self._blocks:
-            if len(self._blocks) >= 5:  # a round reads at most 3 blocks (free sources' noise bins read up to 12
-                # positions ahead): keep the blocks within two of this one, so the root's is never dropped for them
+            if len(self._blocks) >= 5:  # a round reads at most 3 blocks (with ``noise_cells`` the free sources read
+                # up to 12 positions ahead): keep the blocks within two of this one, so the root's is never dropped
                 for b in [b for b in self._blocks if abs(b - block) > 2]:
                     del self._blocks[b]
                 self._on = {k: v for k, v in self._on.items() if abs(k[0] // BLOCK - block) <= 2}

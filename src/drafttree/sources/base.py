@@ -119,8 +119,9 @@ class Calibration:
 # At T > 0 the target's token at a position is argmax(warped logits + that position's Gumbel noise), and the noise is
 # known before drafting (noise.py). A free source's candidate x at a position is accepted only if it wins there, and
 # given its own noise g it does with probability exp(-(1 - p) / p * e^-g) (p: the target's probability of x): a
-# candidate p = 0.5 wins 7% of the time at g = -1 and 87% at g = 2. So at T > 0 each free-source cell is split by the
-# bin of its candidate's noise (:class:`NoiseCalibration`), and the tree is grown where the noise favours the guesses.
+# candidate p = 0.5 wins 7% of the time at g = -1 and 87% at g = 2. With the hybrid's ``noise_cells`` (off by default:
+# no gain measured, docs/benchmark-notes.md, stop 81) each free-source cell is split at T > 0 by the bin of its
+# candidate's noise (:class:`NoiseCalibration`), and the tree is grown where the noise favours the guesses.
 NOISE_EDGES = (-0.5, 0.5, 1.5, 2.5)  # standard Gumbel: 19%, 35%, 25%, 12%, 8% of draws
 NOISE_BINS = len(NOISE_EDGES) + 1
 
