@@ -182,21 +182,6 @@ class NoiseCalibration(Calibration):
         self.prior = noise_prior(base, self.floor)
         self.strength = float(strength)
 
-    @staticmethod
-    def cells(cells: list[int], tokens: list[int], depths: list[int], noise, root_pos: int) -> list[int]:
-        """Each candidate's cell with its noise bin: a node at depth d is the token sampled at root_pos + d. Without
-        noise (not sampling) every candidate reads the bin of the Gumbel median."""
-        if noise is None:
-            return [c * NOISE_BINS + MEDIAN_BIN for c in cells]
-        rows: dict[int, object] = {}
-        out = []
-        for c, t, d in zip(cells, tokens, depths):
-            g = rows.get(d)
-            if g is None:
-                g = rows[d] = noise.at(root_pos + d).numpy()
-            out.append(c * NOISE_BINS + bisect.bisect_right(NOISE_EDGES, float(g[t]) if t < len(g) else 0.0))
-        return out
-
 
 MEDIAN_BIN = bisect.bisect_right(NOISE_EDGES, -math.log(math.log(2.0)))  # the bin of the Gumbel median, 0.367
 
@@ -206,8 +191,16 @@ def noise_cells(calibration: Calibration, cells: list[int], tokens: list[int], d
     a :class:`NoiseCalibration` (the sampled one), else as they are."""
     if not isinstance(calibration, NoiseCalibration):
         return cells
-    sampling = rc.sampling is not None and not rc.sampling.greedy
-    return NoiseCalibration.cells(cells, tokens, depths, rc.noise if sampling else None, rc.root_pos)
+    if rc.noise is None or rc.sampling is None or rc.sampling.greedy:  # not sampling: the Gumbel median's bin
+        return [c * NOISE_BINS + MEDIAN_BIN for c in cells]
+    rows: dict[int, object] = {}
+    out = []
+    for c, t, d in zip(cells, tokens, depths):  # a node at depth d is the token sampled at root_pos + d
+        g = rows.get(d)
+        if g is None:
+            g = rows[d] = rc.noise.at(rc.root_pos + d).numpy()
+        out.append(c * NOISE_BINS + bisect.bisect_right(NOISE_EDGES, float(g[t]) if t < len(g) else 0.0))
+    return out
 
 
 @dataclass
