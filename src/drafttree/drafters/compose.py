@@ -47,7 +47,7 @@ def make_hybrid(target, draft=None, head=None, o: HybridOptions | None = None) -
         sources.append(source(head, **model_kw))
     if "draft" in wanted and draft is not None:
         sources.append(DraftLMSource(draft.model, target.vocab_size, param_count(target.model), extend=o.extend,
-                                     **model_kw))
+                                     window=o.draft_window, **model_kw))
     if not sources:
         raise DraftTreeError(f"no source of {'+'.join(wanted)} is loaded")
     total = None if budget is not None else o.total_tokens

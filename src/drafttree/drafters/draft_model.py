@@ -18,8 +18,11 @@ from drafttree.drafters.options import AUTO, DraftLMOptions
 from drafttree.errors import DraftTreeError
 from drafttree.live_curve import LiveCurve
 from drafttree.noise import coupled
-from drafttree.target import TargetModel
+from drafttree.target import TargetModel, common_prefix
 from drafttree.tree import DraftTree, grow_chain, grow_dynamic_tree
+
+# positions a draft round may need past the draft's committed cache (its deepest tree, with room to spare)
+DRAFT_HEADROOM = 64
 
 
 def param_count(module: torch.nn.Module) -> int:
@@ -51,13 +54,21 @@ class DraftLMState:
 
     Its distribution covers the ids both vocabularies share (``min`` of the two output sizes): a draft with
     fewer rows than the target (Qwen2.5-0.5B: 151,936 vs 152,064) never proposes the ids it lacks.
+
+    ``window``: a fresh prefill reads only the context's last ``window`` tokens (0: all of it). A draft LM's prefill
+    of a long prompt is paid before its first draft, and on a CPU, where prefill is compute-bound, a 0.5B draft reads
+    a 1,600-token prompt in about a third of the 1.5B target's prefill time: more than its drafts of a short answer
+    save (docs/benchmark-notes.md, stop 82). The context's n-grams still see the whole prompt. A draft whose own
+    context window is shorter than the target's starts again from the context's last tokens when it fills up.
     """
 
-    def __init__(self, draft_model: torch.nn.Module, target_vocab: int):
+    def __init__(self, draft_model: torch.nn.Module, target_vocab: int, window: int = 0):
         self.lm = TargetModel(draft_model)
         self.rows = self.lm.model.get_input_embeddings().weight.shape[0]
         self.vocab = min(target_vocab, self.lm.lm_head.weight.shape[0])
-        self.fed = 0  # context tokens held by the draft's committed cache
+        self.window = max(0, int(window))
+        self.fed = 0  # context tokens held (or skipped, before the window) by the draft's committed cache
+        self.start = 0  # the context position of the cache's first token
         self.keep_prefix = False  # keep the cache for the next generation's context (else a fresh prefill)
 
     def reset(self) -> None:
@@ -78,11 +89,31 @@ class DraftLMState:
         ids = torch.tensor(tokens, dtype=torch.long)
         return ids.masked_fill(ids >= self.rows, 0)
 
+    def _fresh_start(self, context: list[int], window: int | None = None) -> int:
+        """Where a fresh prefill of ``context`` starts: the window's start, never so far back that the draft's own
+        context window could not hold it and a round's draft slots; with ``keep_prefix``, where the cache's tokens
+        start when extending them costs no more than a fresh window (a chat's next turn)."""
+        n = len(context)
+        room = max(1, self.lm.max_positions - DRAFT_HEADROOM)
+        window = self.window if window is None else max(0, int(window))
+        keep = min(n, window or n, room)
+        if self.keep_prefix and self.lm.prefix is not None and self.lm.cache is not None and self.start < n \
+                and n - self.start <= room:
+            held = common_prefix(self.lm.prefix.ids, context[self.start:])
+            if n - self.start - held <= keep:
+                return self.start
+        return n - keep
+
     @torch.inference_mode()
-    def catch_up(self, context: list[int]) -> torch.Tensor:
-        """Feed the context tokens the draft has not seen; log-probs of the token after the last one."""
-        if self.lm.cache is None or self.fed == 0 or self.fed > len(context):
-            out = self.lm.prefill(self._ids(context))
+    def catch_up(self, context: list[int], window: int | None = None) -> torch.Tensor:
+        """Feed the context tokens the draft has not seen; log-probs of the token after the last one. ``window``:
+        this call's window for a fresh prefill (default: the state's own)."""
+        fresh = self.lm.cache is None or self.fed == 0 or self.fed > len(context)
+        if not fresh and self.lm.length + len(context) - self.fed + DRAFT_HEADROOM > self.lm.max_positions:
+            fresh = True  # the draft's own context window is full: start again from the context's last tokens
+        if fresh:
+            self.start = self._fresh_start(context, window)
+            out = self.lm.prefill(self._ids(context[self.start:]))
         else:
             self.lm.discard_pending()
             new = context[self.fed:]
@@ -94,19 +125,20 @@ class DraftLMState:
         self.fed = len(context)
         return torch.log_softmax(out.logits[-1, : self.vocab].float(), dim=-1)
 
-    def stepper(self, context: list[int]) -> _DraftLMStepper:
-        return _DraftLMStepper(self.lm, self.catch_up(context), self.vocab)
+    def stepper(self, context: list[int], window: int | None = None) -> _DraftLMStepper:
+        return _DraftLMStepper(self.lm, self.catch_up(context, window), self.vocab)
 
 
 class DraftModelDrafter(Drafter):
     name = "draft"
 
     def __init__(self, draft_model: torch.nn.Module, vocab_size: int, k: int = 4, tree: bool = False,
-                 top_k: int = 4, total_tokens: int = 16, budget=None, live_curve: bool = False):
-        """``budget``: a TreeBudget sizing each tree (trees only); else ``total_tokens`` nodes are verified."""
+                 top_k: int = 4, total_tokens: int = 16, budget=None, live_curve: bool = False, window: int = 0):
+        """``budget``: a TreeBudget sizing each tree (trees only); else ``total_tokens`` nodes are verified;
+        ``window``: the draft reads at most the context's last that many tokens (:class:`DraftLMState`)."""
         if int(k) <= 0:
             raise DraftTreeError(f"draft length must be > 0, got {k}")
-        self.state = DraftLMState(draft_model, vocab_size)
+        self.state = DraftLMState(draft_model, vocab_size, window)
         self.k, self.tree, self.top_k = int(k), tree, int(top_k)
         self.total_tokens = int(total_tokens)
         live = LiveCurve(budget.cost) if budget is not None and tree and live_curve else None
@@ -155,4 +187,4 @@ def make_draft_drafter(target, draft, o: DraftLMOptions) -> DraftModelDrafter:
     budget = make_budget(target, max_total=o.max_total) if o.tree and o.total_tokens == AUTO else None
     total = 16 if o.total_tokens == AUTO else o.total_tokens
     return DraftModelDrafter(draft.model, target.vocab_size, k=o.depth, tree=o.tree, top_k=o.top_k,
-                             total_tokens=total, budget=budget, live_curve=o.live_curve)
+                             total_tokens=total, budget=budget, live_curve=o.live_curve, window=o.window)

@@ -63,6 +63,10 @@ ALIASES = {"top_k_draft": "top_k"}
 
 
 PRUNE_DOC = "a deeper level must beat the best tree so far (best) or the tree of every candidate (all: until stop 39)"
+# a draft LM reads at most the context's last N tokens (0: all): its prefill of a long prompt is paid before its first
+# draft (drafters/draft_model.py: DraftLMState); auto: as many as it can read in an eighth of the time plain decoding
+# would take for the rest of the answer (sources/model_sources.py: DraftLMSource.prefill_window)
+WINDOW_DOC = "a draft LM reads at most the context's last N tokens (0: all of it)"
 
 
 @dataclass
@@ -93,6 +97,7 @@ class DraftLMOptions:
     max_total: int = _opt(32, "int", 2, "largest tree the auto budget may choose")
     live_curve: bool = _opt(True, "bool", None, "correct the cached verify-cost curve by the verify forwards' own "
                             "times (lone decoding; auto-sized trees)")
+    window: int = _opt(0, "int", 0, WINDOW_DOC)
 
 
 @dataclass
@@ -137,6 +142,8 @@ class HybridOptions:
     num_tokens: int = _opt(12, "int", 1, "tokens per n-gram continuation")
     max_candidates: int = _opt(8, "int", 1, "n-gram continuations per round")
     extend: bool = _opt(False, "bool", None, "a draft LM also drafts on after the n-grams' likeliest branch")
+    draft_window: int | str = _opt(AUTO, "size", 0, WINDOW_DOC + ", or auto (what an eighth of the answer's decoding "
+                                   "time reads)")
     costly_in_batches: bool = _opt(False, "bool", None, "costly sources (head, draft LM) draft in batched rounds too")
     # off: side by side (stop 52, S T=0) it gated the head more (0.21 -> 0.13 of its drafts accepted per forward) for
     # no time saved (drafting stayed 8% of the wall: the free sources' share); auto 1.20x vs 1.26x `ar` without it

@@ -31,6 +31,12 @@ DEPTHS = 4  # depth buckets 1, 2, 3, 4+
 # 1.29x `ar`, S T=1 1.04x vs 1.06x `ar` (more drafting where rates are low): no gain measured (docs/benchmark-notes.md)
 EXPLORE = 0.0
 EXTEND_MIN = 0.3  # a draft LM drafts on after another source's branch only while that branch is this likely
+# a draft LM's fresh prefill may take this share of the time plain decoding would take for the rest of the answer
+# (DraftLMSource.prefill_window); at L on a CPU its full prefill of 1,500-2,000-token prompts cost more than its drafts
+# saved (stop 82: 0.92x our `ar` at T=1 on long prompts, against 1.00x reading the last 512 tokens)
+PREFILL_SHARE = 0.125
+PREFILL_PROBE = 64  # the verify size whose cost per token stands for a prefill token's
+MIN_WINDOW = 64
 
 
 def prob_prior() -> torch.Tensor:
@@ -296,10 +302,11 @@ class DraftLMSource(ExpandingSource):
     name = "draft"
 
     def __init__(self, draft_model: torch.nn.Module, vocab_size: int, target_params: int, extend: bool = False,
-                 **kw):
+                 window: int | str = "auto", **kw):
         super().__init__(**kw)
         from drafttree.drafters.draft_model import DraftLMState, param_count
 
+        self.window = window  # tokens, or "auto": prefill_window's rule
         self.lm = DraftLMState(draft_model, vocab_size)
         self.cost = param_count(draft_model) / max(1, target_params)
         self.extend = extend
@@ -370,8 +377,22 @@ class DraftLMSource(ExpandingSource):
     def observe(self, committed: list[int], features: torch.Tensor, next_root: int) -> None:
         pass
 
+    def prefill_window(self, remaining: int) -> int:
+        """How many of the context's last tokens a fresh prefill of the draft reads (0: all): ``window`` as given, or
+        with "auto" as many as it can read in an eighth (PREFILL_SHARE) of the time plain decoding would take for the
+        ``remaining`` tokens of the answer. A prefill token is costed as one token of a 64-token verify forward, the
+        curve's compute-bound end, times the draft's own cost: on this CPU at L (1.5B target, 0.5B draft) ~29 draft
+        tokens a target step, so a 128-token answer lets it read ~460; on a GPU, where prefill is cheap next to a
+        decoding step, thousands. Without a cost curve: all of it."""
+        if not isinstance(self.window, str):
+            return int(self.window)
+        if self.cost_curve is None:
+            return 0
+        per_token = self.cost * self._verify_cost(PREFILL_PROBE) / PREFILL_PROBE
+        return max(MIN_WINDOW, int(PREFILL_SHARE * max(1, remaining) / max(per_token, 1e-9)))
+
     def _stepper(self, rc: RoundContext):
-        return self.lm.stepper(rc.context)
+        return self.lm.stepper(rc.context, self.prefill_window(rc.max_depth + 1))
 
 
 def likeliest_branch(earlier: list[Proposal], min_p: float) -> list[tuple[int, float, float]]:
