@@ -37,32 +37,32 @@ def _pair(draft_positions: int = 256):
 
 def test_a_fresh_prefill_reads_the_windows_last_tokens_then_follows_the_context():
     _, draft = _pair()
-    state = DraftLMState(draft.model, V, window=8)
+    state = DraftLMState(draft.model, V)
     context = torch.randint(2, V, (30,), generator=torch.Generator().manual_seed(0)).tolist()
-    lp = state.catch_up(context)
+    lp = state.catch_up(context, window=8)
     assert state.lm.length == 8 and state.fed == 30
     alone = DraftLMState(draft.model, V)  # the same 8 tokens as the whole context: the same distribution
     assert torch.allclose(lp, alone.catch_up(context[-8:]), atol=1e-5)
-    state.catch_up(context + [5, 6, 7])
+    state.catch_up(context + [5, 6, 7], window=8)
     assert state.lm.length == 11 and state.fed == 33  # the new tokens only, after what it holds
     state.reset()
-    state.catch_up(context[:5])  # a shorter context than the window: all of it
+    state.catch_up(context[:5], window=8)  # a shorter context than the window: all of it
     assert state.lm.length == 5
 
 
 def test_with_keep_prefix_a_next_turn_extends_what_the_cache_holds_while_that_costs_no_more_than_a_window():
     _, draft = _pair()
-    state = DraftLMState(draft.model, V, window=8)
+    state = DraftLMState(draft.model, V)
     state.keep(True)
     context = torch.randint(2, V, (30,), generator=torch.Generator().manual_seed(4)).tolist()
-    state.catch_up(context)
+    state.catch_up(context, window=8)
     assert (state.start, state.lm.length) == (22, 8)
     state.reset()  # the next turn: 5 tokens more, cheaper to extend than a fresh window of 8
-    state.catch_up(context + [9, 8, 7, 6, 5])
+    state.catch_up(context + [9, 8, 7, 6, 5], window=8)
     assert (state.start, state.lm.length) == (22, 13)
     state.reset()  # 10 more again: extending (18) would cost more than a fresh window
     longer = context + [9, 8, 7, 6, 5] + list(range(10, 20))
-    lp = state.catch_up(longer)
+    lp = state.catch_up(longer, window=8)
     assert (state.start, state.lm.length) == (len(longer) - 8, 8)
     assert torch.allclose(lp, DraftLMState(draft.model, V).catch_up(longer[-8:]), atol=1e-5)
 

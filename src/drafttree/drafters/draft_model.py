@@ -55,18 +55,18 @@ class DraftLMState:
     Its distribution covers the ids both vocabularies share (``min`` of the two output sizes): a draft with
     fewer rows than the target (Qwen2.5-0.5B: 151,936 vs 152,064) never proposes the ids it lacks.
 
-    ``window``: a fresh prefill reads only the context's last ``window`` tokens (0: all of it). A draft LM's prefill
-    of a long prompt is paid before its first draft, and on a CPU, where prefill is compute-bound, a 0.5B draft reads
-    a 1,600-token prompt in about a third of the 1.5B target's prefill time: more than its drafts of a short answer
-    save (docs/benchmark-notes.md, stop 82). The context's n-grams still see the whole prompt. A draft whose own
-    context window is shorter than the target's starts again from the context's last tokens when it fills up.
+    ``window`` (per catch-up): a fresh prefill reads only the context's last ``window`` tokens (0: all of it). A
+    draft LM's prefill of a long prompt is paid before its first draft, and on a CPU, where prefill is compute-bound,
+    a 0.5B draft reads a 1,600-token prompt in about a third of the 1.5B target's prefill time: more than its drafts
+    of a short answer save (docs/benchmark-notes.md, stop 82). The context's n-grams still see the whole prompt. A
+    draft whose own context window is shorter than the target's starts again from the context's last tokens when it
+    fills up.
     """
 
-    def __init__(self, draft_model: torch.nn.Module, target_vocab: int, window: int = 0):
+    def __init__(self, draft_model: torch.nn.Module, target_vocab: int):
         self.lm = TargetModel(draft_model)
         self.rows = self.lm.model.get_input_embeddings().weight.shape[0]
         self.vocab = min(target_vocab, self.lm.lm_head.weight.shape[0])
-        self.window = max(0, int(window))
         self.fed = 0  # context tokens held (or skipped, before the window) by the draft's committed cache
         self.start = 0  # the context position of the cache's first token
         self.keep_prefix = False  # keep the cache for the next generation's context (else a fresh prefill)
@@ -89,14 +89,13 @@ class DraftLMState:
         ids = torch.tensor(tokens, dtype=torch.long)
         return ids.masked_fill(ids >= self.rows, 0)
 
-    def _fresh_start(self, context: list[int], window: int | None = None) -> int:
+    def _fresh_start(self, context: list[int], window: int) -> int:
         """Where a fresh prefill of ``context`` starts: the window's start, never so far back that the draft's own
         context window could not hold it and a round's draft slots; with ``keep_prefix``, where the cache's tokens
         start when extending them costs no more than a fresh window (a chat's next turn)."""
         n = len(context)
         room = max(1, self.lm.max_positions - DRAFT_HEADROOM)
-        window = self.window if window is None else max(0, int(window))
-        keep = min(n, window or n, room)
+        keep = min(n, max(0, int(window)) or n, room)
         if self.keep_prefix and self.lm.prefix is not None and self.lm.cache is not None and self.start < n \
                 and n - self.start <= room:
             held = common_prefix(self.lm.prefix.ids, context[self.start:])
@@ -105,9 +104,9 @@ class DraftLMState:
         return n - keep
 
     @torch.inference_mode()
-    def catch_up(self, context: list[int], window: int | None = None) -> torch.Tensor:
+    def catch_up(self, context: list[int], window: int = 0) -> torch.Tensor:
         """Feed the context tokens the draft has not seen; log-probs of the token after the last one. ``window``:
-        this call's window for a fresh prefill (default: the state's own)."""
+        how many of the context's last tokens a fresh prefill reads (0: all)."""
         fresh = self.lm.cache is None or self.fed == 0 or self.fed > len(context)
         if not fresh and self.lm.length + len(context) - self.fed + DRAFT_HEADROOM > self.lm.max_positions:
             fresh = True  # the draft's own context window is full: start again from the context's last tokens
@@ -125,7 +124,7 @@ class DraftLMState:
         self.fed = len(context)
         return torch.log_softmax(out.logits[-1, : self.vocab].float(), dim=-1)
 
-    def stepper(self, context: list[int], window: int | None = None) -> _DraftLMStepper:
+    def stepper(self, context: list[int], window: int = 0) -> _DraftLMStepper:
         return _DraftLMStepper(self.lm, self.catch_up(context, window), self.vocab)
 
 
@@ -138,7 +137,8 @@ class DraftModelDrafter(Drafter):
         ``window``: the draft reads at most the context's last that many tokens (:class:`DraftLMState`)."""
         if int(k) <= 0:
             raise DraftTreeError(f"draft length must be > 0, got {k}")
-        self.state = DraftLMState(draft_model, vocab_size, window)
+        self.state = DraftLMState(draft_model, vocab_size)
+        self.window = int(window)
         self.k, self.tree, self.top_k = int(k), tree, int(top_k)
         self.total_tokens = int(total_tokens)
         live = LiveCurve(budget.cost) if budget is not None and tree and live_curve else None
@@ -165,7 +165,7 @@ class DraftModelDrafter(Drafter):
         k = min(self.k, req.max_depth)
         if k <= 0:
             return DraftTree.root_only(req.root)
-        stepper = coupled(self.state.stepper(req.context), req.sampling, req.noise, req.root_pos)
+        stepper = coupled(self.state.stepper(req.context, self.window), req.sampling, req.noise, req.root_pos)
         if self.tree:  # deterministic top-k tree: point-mass candidates at any temperature
             if self.rounds is None:
                 return grow_dynamic_tree(stepper, req.root, k, self.top_k, self.total_tokens)

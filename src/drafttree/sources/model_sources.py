@@ -381,9 +381,9 @@ class DraftLMSource(ExpandingSource):
         """How many of the context's last tokens a fresh prefill of the draft reads (0: all): ``window`` as given, or
         with "auto" as many as it can read in an eighth (PREFILL_SHARE) of the time plain decoding would take for the
         ``remaining`` tokens of the answer. A prefill token is costed as one token of a 64-token verify forward, the
-        curve's compute-bound end, times the draft's own cost: on this CPU at L (1.5B target, 0.5B draft) ~29 draft
-        tokens a target step, so a 128-token answer lets it read ~460; on a GPU, where prefill is cheap next to a
-        decoding step, thousands. Without a cost curve: all of it."""
+        curve's compute-bound end, times the draft's own cost: on this CPU at L (1.5B target, 0.5B draft) ~20 draft
+        tokens a target step, so a 128-token answer lets it read 320 (logs/s82_window_of.log); on a GPU, where prefill
+        is cheap next to a decoding step, thousands. Without a cost curve: all of it."""
         if not isinstance(self.window, str):
             return int(self.window)
         if self.cost_curve is None:
