@@ -1,7 +1,9 @@
 """Stop 82 diagnostic: the EAGLE head's first call of a generation (its catch-up over the whole prompt) against its
 later calls, S, held-out long documents, T=1. python logs/s82_head_first_call.py (logs/s82_head_first_call.log)"""
 
-import json, time
+import json
+import time
+
 import drafttree
 from drafttree.sources import model_sources
 
@@ -25,10 +27,11 @@ for i, p in enumerate(prompts):
     calls.clear()
     r = sm.generate(p, 256, temperature=1.0, seed=i)
     st = r.stats
+    later = sum(c for _, c in calls[1:]) / max(1, len(calls) - 1)
     print(
         r.prompt_tokens,
-        "prefill %.3f" % st.time_prefill,
-        "first head call ctx %d %.3f s" % calls[0] if calls else None,
-        "later mean %.4f n %d" % (sum(c for _, c in calls[1:]) / max(1, len(calls) - 1), len(calls)),
-        "wall %.2f" % st.wall_time,
+        f"prefill {st.time_prefill:.3f}",
+        f"first head call ctx {calls[0][0]} {calls[0][1]:.3f} s" if calls else None,
+        f"later mean {later:.4f} n {len(calls)}",
+        f"wall {st.wall_time:.2f}",
     )
