@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import dataclasses
 import gc
-import numbers
 import random
+import threading
 from collections.abc import Iterator
 from dataclasses import asdict
 from pathlib import Path
@@ -22,6 +22,18 @@ from drafttree.drafters import Drafter, check_method, make_drafter
 from drafttree.drafters.options import parse_options
 from drafttree.errors import DraftTreeError
 from drafttree.grammar import compile_grammar
+from drafttree.inputs import (
+    INTERRUPTED,
+    SEED_MASK,
+    check_flags,
+    check_positive_int,
+    encode_text,
+    end_token_ids,
+    is_batch,
+    seed_value,
+    stop_strings,
+    token_ids,
+)
 from drafttree.logprobs import check_top
 from drafttree.models import DEFAULT_MODEL, LoadedModel, check_same_vocabulary, load_model
 from drafttree.penalties import LogitAdjust
@@ -69,6 +81,11 @@ class SpeculativeModel:
         self._batch_results: list[GenerationResult | None] = []
         self.tokenizer = target.tokenizer
         self.eos_ids = target.eos_token_ids()
+        # the caches are the model's, one generation's at a time (see _exclusive): whose they are, and how many
+        # generation steps are running now (a generation started inside another's step runs within it)
+        self._lock = threading.RLock()
+        self._owners: list[object] = []
+        self._stepping = 0
 
     @property
     def prefill_chunk(self) -> int:
@@ -162,6 +179,9 @@ class SpeculativeModel:
         method = self._resolve_method(method or self.method)
         if options is None:
             options = self.method_options if method == self.method else {}
+        if not isinstance(options, dict):
+            raise DraftTreeError(f"method_options must be a dict of name: value, got {type(options).__name__} "
+                                 f"{options!r}")
         key = (method, tuple(sorted((k, str(v)) for k, v in options.items())))
         if key not in self._drafters:
             self._drafters[key] = make_drafter(method, self.target, self.draft, self.head, **dict(options))
@@ -173,48 +193,13 @@ class SpeculativeModel:
         """Token ids of a prompt: text or chat messages through the tokenizer, or token ids as they are (a 1-D
         integer tensor, a [1, n] one, or a list of ints), checked against the vocabulary before any forward sees
         them (an id out of range would be a raw IndexError on a CPU and a device-side assert on CUDA)."""
-        if isinstance(prompt, (list, tuple)) and prompt and all(is_token_id(t) for t in prompt):
-            prompt = torch.tensor([int(t) for t in prompt], dtype=torch.long)
-        if not isinstance(prompt, torch.Tensor):
-            return self.encode_prompt(prompt, chat)
-        if prompt.dtype.is_floating_point or prompt.dtype.is_complex or prompt.dtype == torch.bool:
-            kind = str(prompt.dtype).replace("torch.", "")
-            raise DraftTreeError(f"a token-id prompt must hold integers, got a {kind} tensor")
-        if prompt.dim() > 2 or (prompt.dim() == 2 and prompt.shape[0] != 1):
-            raise DraftTreeError(f"a token-id prompt must be 1-D (or [1, n]), got shape {list(prompt.shape)}; pass "
-                                 "several prompts as a list")
-        ids = prompt.reshape(-1).long()
-        vocab = self.target.vocab_size
-        if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= vocab):
-            raise DraftTreeError(f"token ids must be in [0, {vocab}), got {int(ids.min())}..{int(ids.max())}")
-        return ids
+        ids = token_ids(prompt, self.target.vocab_size)
+        return self.encode_prompt(prompt, chat) if ids is None else ids
 
     def encode_prompt(self, prompt: str | list[dict], chat: bool = True,
                       tools: list[dict] | None = None) -> torch.Tensor:
         """Token ids of text or chat messages (the chat template, given ``tools`` where it has a use for them)."""
-        tok = self.tokenizer
-        if isinstance(prompt, str):
-            if not prompt.strip():
-                raise DraftTreeError("empty prompt")
-            if chat and getattr(tok, "chat_template", None):
-                prompt = [{"role": "user", "content": prompt}]
-            else:
-                return torch.tensor(tok(prompt, add_special_tokens=True).input_ids, dtype=torch.long)
-        if not isinstance(prompt, list) or not prompt or not all(
-                isinstance(m, dict) and "role" in m and "content" in m for m in prompt):
-            raise DraftTreeError("messages must be a non-empty list of {'role': ..., 'content': ...} objects")
-        if not getattr(tok, "chat_template", None):
-            raise DraftTreeError("this model has no chat template: pass a plain string with chat=False")
-        try:
-            ids = tok.apply_chat_template(prompt, tools=tools, add_generation_prompt=True, tokenize=True,
-                                          return_dict=False)
-        except Exception as e:  # the model's template refuses these messages (a role it lacks, turns out of order)
-            if type(e).__module__.startswith("jinja2"):
-                raise DraftTreeError(f"the model's chat template refused these messages: {e}") from None
-            raise
-        if isinstance(ids, dict) or hasattr(ids, "input_ids"):
-            ids = ids["input_ids"]
-        return torch.tensor(ids, dtype=torch.long).reshape(-1)
+        return encode_text(self.tokenizer, prompt, chat, tools)
 
     # ---- generation ----------------------------------------------------------------------------------
     def stream(self, prompt: str | list[dict] | torch.Tensor, max_new_tokens: int = 256, temperature: float = 0.0,
@@ -248,8 +233,8 @@ class SpeculativeModel:
 
         ``drafter``: a :class:`~drafttree.drafters.base.Drafter` object of your own instead of a method name
         (a new drafting idea is one small class; the decode loop keeps it lossless)."""
-        if max_new_tokens is None or max_new_tokens <= 0:
-            raise DraftTreeError(f"max_new_tokens must be > 0, got {max_new_tokens}")
+        check_positive_int(max_new_tokens, "max_new_tokens")
+        check_flags(chat=chat, include_stop=include_stop, record_rounds=record_rounds)
         sampling = self.sampling(temperature, top_p, top_k, min_p, presence_penalty, frequency_penalty,
                                  repetition_penalty, logit_bias, min_tokens, max_new_tokens, json_schema, regex, choice,
                                  grammar)
@@ -265,17 +250,45 @@ class SpeculativeModel:
             label = method or self.method
         else:
             label = getattr(drafter, "name", type(drafter).__name__)
-        stops = [stop] if isinstance(stop, str) else list(stop or [])
-        if any(not s for s in stops):
-            raise DraftTreeError("stop strings must be non-empty")
+        stops = stop_strings(stop)
         ends = self.end_ids(stop_token_ids, ignore_eos)
         gen = torch.Generator(device=self.target.device)
         gen.manual_seed(seed_value(seed) if seed is not None else random.randrange(2**63))
         stream = GenerationStream(iter(()))
         text = TextAssembler(self.tokenizer, stops, include_stop, min_tokens_of(sampling), ends)
-        stream._it = self._run(ids, drafter, sampling, max_new_tokens, text, ends, gen, stream, record_rounds, label,
-                               logprobs)
+        stream._it = self._exclusive(self._run(ids, drafter, sampling, max_new_tokens, text, ends, gen, stream,
+                                               record_rounds, label, logprobs))
         return stream
+
+    def _exclusive(self, steps: Iterator, batch: bool = False) -> Iterator:
+        """A generation's steps with the model's caches to itself. Its first step makes it the model's generation, and
+        one started later (a stream left open, another thread's call) ends it: its next step raises instead of
+        decoding from caches another generation has rewritten. A generation started inside another's step (a batch of
+        prompts decoded one by one) runs within it. ``batch``: rows an abandoned batch left in the batched cache are
+        dropped first. Steps hold a lock, so threads take turns step by step (:meth:`generate` holds it throughout)."""
+        mine = None
+        try:
+            while True:
+                with self._lock:
+                    if mine is None:
+                        mine = object()
+                        self._owners = (self._owners if self._stepping else []) + [mine]
+                        if batch and self._batch_target is not None and self._batch_target.rows:
+                            self._batch_target.keep([])
+                    elif mine not in self._owners:
+                        raise DraftTreeError(INTERRUPTED)
+                    self._stepping += 1
+                    try:
+                        item = next(steps)
+                    except StopIteration:
+                        return
+                    finally:
+                        self._stepping -= 1
+                yield item
+        finally:
+            with self._lock:
+                if mine in self._owners:
+                    self._owners.remove(mine)
 
     def sampling(self, temperature=0.0, top_p=1.0, top_k=0, min_p=0.0, presence_penalty=0.0, frequency_penalty=0.0,
                  repetition_penalty=1.0, logit_bias=None, min_tokens=0, max_new_tokens=None, json_schema=None,
@@ -294,14 +307,7 @@ class SpeculativeModel:
     def end_ids(self, stop_token_ids=None, ignore_eos: bool = False) -> frozenset[int]:
         """The tokens that end a generation: the target's end-of-sequence tokens (none with ``ignore_eos``) and
         ``stop_token_ids`` (checked against the vocabulary)."""
-        ids = [stop_token_ids] if is_token_id(stop_token_ids) else list(stop_token_ids or [])
-        vocab = self.target.vocab_size
-        bad = [t for t in ids if not is_token_id(t) or not 0 <= t < vocab]
-        if bad:
-            raise DraftTreeError(f"stop_token_ids must be token ids in 0..{vocab - 1}, got {bad[0]!r}")
-        if not isinstance(ignore_eos, bool):
-            raise DraftTreeError(f"ignore_eos must be true or false, got {ignore_eos!r}")
-        return frozenset(int(t) for t in ids) | (frozenset() if ignore_eos else frozenset(self.eos_ids))
+        return end_token_ids(stop_token_ids, ignore_eos, self.target.vocab_size, self.eos_ids)
 
     def _run(self, ids, drafter, sampling, max_new_tokens, text, ends, gen, stream, record_rounds, method, logprobs):
         stats = DecodeStats()
@@ -335,16 +341,27 @@ class SpeculativeModel:
             if single:
                 raise DraftTreeError(f"{' and '.join(single)} apply to one prompt; a list of prompts is decoded as a "
                                      "batch (generate each prompt alone to use them)")
-            for _ in self.stream_batch(prompt, max_new_tokens, **kwargs):
-                pass
-            return self.batch_results()
+            with self._lock:  # another thread's call waits for this one
+                for _ in self.stream_batch(prompt, max_new_tokens, **kwargs):
+                    pass
+                return self.batch_results()
         kwargs.pop("max_batch", None)  # one prompt is a batch of one
-        s = self.stream(prompt, max_new_tokens, **kwargs)
-        for _ in s:
-            pass
-        return s.result
+        with self._lock:
+            s = self.stream(prompt, max_new_tokens, **kwargs)
+            for _ in s:
+                pass
+            return s.result
 
-    def stream_batch(self, prompts: list, max_new_tokens: int = 256, temperature: float = 0.0, top_p: float = 1.0,
+    def stream_batch(self, prompts: list, max_new_tokens: int = 256, **kwargs) -> Iterator[tuple[int, StreamChunk]]:
+        """Decode several prompts together (one target forward verifies every row's tree), yielding
+        ``(prompt index, chunk)`` as each row's tokens are accepted; at most ``max_batch`` rows at a time, the
+        others join as rows finish. Greedy output equals each prompt decoded alone; with ``seed``, row i
+        samples from its own generator seeded ``seed + i``. ``self.batch_results()`` afterwards. The batch's cache
+        buffers stay allocated for the next batch (``self.batch_target().forget_buffers()`` frees them). Takes
+        :meth:`stream`'s settings (not ``record_rounds`` nor ``drafter``) and ``max_batch``."""
+        return self._exclusive(self._stream_batch(prompts, max_new_tokens, **kwargs), batch=True)
+
+    def _stream_batch(self, prompts: list, max_new_tokens: int = 256, temperature: float = 0.0, top_p: float = 1.0,
                      top_k: int = 0, stop: list[str] | str | None = None, seed: int | None = None, chat: bool = True,
                      method: str | None = None, method_options: dict | None = None,
                      max_batch: int | None = None, logprobs: int | None = None, stop_token_ids: list[int] | None = None,
@@ -353,24 +370,18 @@ class SpeculativeModel:
                      logit_bias: dict | None = None, min_tokens: int = 0, json_schema: dict | str | bool | None = None,
                      regex: str | None = None, choice: list[str] | None = None,
                      grammar: str | None = None) -> Iterator[tuple[int, StreamChunk]]:
-        """Decode several prompts together (one target forward verifies every row's tree), yielding
-        ``(prompt index, chunk)`` as each row's tokens are accepted; at most ``max_batch`` rows at a time, the
-        others join as rows finish. Greedy output equals each prompt decoded alone; with ``seed``, row i
-        samples from its own generator seeded ``seed + i``. ``self.batch_results()`` afterwards. The batch's cache
-        buffers stay allocated for the next batch (``self.batch_target().forget_buffers()`` frees them)."""
         from drafttree.batching import BatchDecoder, Sequence
 
-        if max_new_tokens is None or max_new_tokens <= 0:
-            raise DraftTreeError(f"max_new_tokens must be > 0, got {max_new_tokens}")
-        if max_batch is not None and max_batch <= 0:
-            raise DraftTreeError(f"max_batch must be > 0, got {max_batch}")
+        check_positive_int(max_new_tokens, "max_new_tokens")
+        check_positive_int(max_batch, "max_batch", none_ok=True)
+        check_flags(chat=chat, include_stop=include_stop)
+        if not isinstance(prompts, (list, tuple)) or not prompts:
+            raise DraftTreeError(f"prompts must be a non-empty list, got {type(prompts).__name__}")
         sampling = self.sampling(temperature, top_p, top_k, min_p, presence_penalty, frequency_penalty,
                                  repetition_penalty, logit_bias, min_tokens, max_new_tokens, json_schema, regex, choice,
                                  grammar)
         logprobs = check_top(logprobs)
-        stops = [stop] if isinstance(stop, str) else list(stop or [])
-        if any(not s for s in stops):
-            raise DraftTreeError("stop strings must be non-empty")
+        stops = stop_strings(stop)
         ends = self.end_ids(stop_token_ids, ignore_eos)
         if seed is not None:
             seed_value(seed)  # checked before any prompt is encoded
@@ -382,6 +393,9 @@ class SpeculativeModel:
         method = self._resolve_method(method or self.method)
         options = method_options if method_options is not None else (
             self.method_options if method == self.method else {})
+        if not isinstance(options, dict):
+            raise DraftTreeError(f"method_options must be a dict of name: value, got {type(options).__name__} "
+                                 f"{options!r}")
         if self.one_at_a_time:  # the prompts decode one by one
             yield from self._one_by_one(ids, seed, options, max_new_tokens, temperature, top_p, top_k, stop, chat,
                                         method, logprobs, stop_token_ids, ignore_eos, include_stop, min_p,
@@ -495,26 +509,6 @@ class SpeculativeModel:
         if self._verify_cost is None:
             self._verify_cost = cost_model_for(self._runner, self.target.name)
         return self._verify_cost
-
-
-def is_batch(prompt) -> bool:
-    """A list of prompts (strings, token tensors or message lists), not one chat (a list of message dicts) nor one
-    prompt of token ids (a list of ints)."""
-    return (isinstance(prompt, (list, tuple)) and bool(prompt) and not isinstance(prompt[0], dict)
-            and not all(is_token_id(t) for t in prompt))
-
-
-def is_token_id(x) -> bool:
-    return isinstance(x, numbers.Integral) and not isinstance(x, bool)
-
-
-SEED_MASK = 2**64 - 1  # torch seeds are unsigned 64-bit; larger or negative seeds wrap, as the server's do
-
-
-def seed_value(seed) -> int:
-    if not is_token_id(seed):
-        raise DraftTreeError(f"seed must be an integer, got {seed!r}")
-    return int(seed) & SEED_MASK
 
 
 __all__ = ["GenerationResult", "GenerationStream", "SpeculativeModel", "StreamChunk", "asdict"]

@@ -138,6 +138,10 @@ def resolve_device(device: str | torch.device | None) -> torch.device:
         dev = torch.device(device)
     except (RuntimeError, TypeError):
         raise DraftTreeError(f"unknown device {device!r}: use auto, cpu, cuda or cuda:N") from None
+    other = {"mps": lambda: torch.backends.mps.is_available(),
+             "xpu": lambda: hasattr(torch, "xpu") and torch.xpu.is_available()}
+    if dev.type not in ("cpu", "cuda") and not (dev.type in other and other[dev.type]()):  # meta: no values at all
+        raise DraftTreeError(f"device {device!r} cannot run a model here: use auto, cpu, cuda or cuda:N")
     if dev.type == "cuda" and not torch.cuda.is_available():
         raise DraftTreeError("device 'cuda' was requested but no CUDA device is available")
     if dev.type == "cuda" and dev.index is not None and dev.index >= torch.cuda.device_count():

@@ -405,7 +405,12 @@ def run_bench(cfg: BenchConfig, out_dir: str | Path, command: str | None = None,
     from drafttree.bench.report import write_outputs
 
     out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except (FileExistsError, NotADirectoryError):
+        raise DraftTreeError(f"--out {out}: not a directory (a file of that name is in the way)") from None
+    except PermissionError:
+        raise DraftTreeError(f"--out {out}: no permission to create the run directory there") from None
     results_path, run_path = out / RESULTS, out / RUN_FILE
     tasks, task_notes = _load_tasks(cfg)  # validates every file before loading models
     if overwrite:

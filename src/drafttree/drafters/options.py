@@ -13,6 +13,7 @@ from typing import Any, ClassVar, TypeVar
 from drafttree.errors import DraftTreeError
 
 AUTO = "auto"
+MAX_CHILD = 256  # a static tree's child index: the index-th likeliest token at its parent
 
 
 def _opt(default: Any, kind: str, low: float | None = None, doc: str = "") -> Any:
@@ -46,10 +47,19 @@ def _convert(name: str, kind: str, low: float | None, value: Any) -> Any:
             value = float(value)
         except (TypeError, ValueError):
             raise DraftTreeError(f"{name} must be a number, got {value!r}") from None
+        if value != value:
+            raise DraftTreeError(f"{name} must be a number, got nan")
     elif kind == "paths":
         if not (isinstance(value, (list, tuple)) and value and all(
                 isinstance(p, (list, tuple)) and p and all(isinstance(i, int) and i >= 0 for i in p) for p in value)):
             raise DraftTreeError(f"{name} must be a list of paths of child indices, e.g. [[0], [0, 0], [1]]")
+        paths = {tuple(p) for p in value}
+        for p in value:
+            if len(p) > 1 and tuple(p[:-1]) not in paths:
+                raise DraftTreeError(f"{name}: path {list(p)} has no parent path {list(p[:-1])} (every path's prefixes "
+                                     "must be paths too)")
+            if max(p) >= MAX_CHILD:
+                raise DraftTreeError(f"{name}: child index {max(p)} in path {list(p)} is too large (< {MAX_CHILD})")
         return [list(p) for p in value]
     elif kind == "str":
         value = str(value)
@@ -195,6 +205,8 @@ def parse_options(schema: type[S], method: str, raw: dict | None) -> S:
     """Validate ``raw`` against ``schema`` for ``method``; unknown, repeated or bad values raise."""
     names = {f.name: f for f in fields(schema)}
     values: dict[str, Any] = {}
+    if raw is not None and not isinstance(raw, dict):
+        raise DraftTreeError(f"method options must be a dict of name: value, got {type(raw).__name__} {raw!r}")
     for key, value in (raw or {}).items():
         name = key.replace("-", "_")
         name = ALIASES.get(name, name)
@@ -206,6 +218,9 @@ def parse_options(schema: type[S], method: str, raw: dict | None) -> S:
             raise DraftTreeError(f"option {name!r} given twice for method {method!r}")
         meta = names[name].metadata
         label = name if key == name else f"{key} ({name})"
+        if value is None and names[name].default is not None:  # None is "the method's own default" only where that
+            raise DraftTreeError(f"{label} must be given a value, got None (leave it out for the default, "  # is it
+                                 f"{names[name].default!r})")
         values[name] = value if meta["kind"] == "object" else _convert(label, meta["kind"], meta["low"], value)
     for name, f in names.items():
         if name not in values and f.default is MISSING:

@@ -256,7 +256,7 @@ def create_app(sm, api_key: str | None = None, max_batch: int = 16, max_queue: i
     async def page():
         return HTMLResponse(resources.files("drafttree.server").joinpath("static/index.html").read_text())
 
-    @app.get("/health")
+    @app.api_route("/health", methods=["GET", "HEAD"])
     async def health():
         if svc.scheduler is not None and not svc.scheduler.thread.is_alive():  # nothing would answer a request
             return JSONResponse({"status": "error", "model": svc.model_name,
@@ -376,9 +376,11 @@ async def complete(svc: Service, request: Request, chat: bool):
                 None if seed is None else (seed + i) & (2**64 - 1), loop, logprobs=params["logprobs"], end_ids=ends,
                 include_stop=params["include_stop"], skip_special=params["skip_special"])
             for i in range(req.n or 1)]  # n completions: n rows of the batch
+    if len(jobs) > svc.max_queue:  # would be refused however idle the server: not a reason to retry
+        raise bad_request(f"n={len(jobs)} completions cannot be queued: this server queues at most {svc.max_queue} "
+                          "requests (--max-queue)", "n")
     try:
-        for job in jobs:
-            svc.scheduler.submit(job)
+        svc.scheduler.submit(jobs)
     except QueueFull as e:
         for job in jobs:
             job.cancel()

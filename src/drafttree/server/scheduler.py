@@ -90,11 +90,13 @@ class Scheduler:
         self.thread.start()
 
     # ---- called from the web server's threads ---------------------------------------------------------
-    def submit(self, job: Job) -> None:
+    def submit(self, job: Job | list[Job]) -> None:
+        """Queue a job, or a request's jobs (``n`` completions) all together or none of them."""
+        jobs = job if isinstance(job, list) else [job]
         with self.cond:
-            if len(self.pending) >= self.max_queue:
+            if len(self.pending) + len(jobs) > self.max_queue:
                 raise QueueFull(f"{len(self.pending)} requests are already waiting (limit {self.max_queue})")
-            self.pending.append(job)
+            self.pending.extend(jobs)
             self.cond.notify()
 
     def load(self) -> dict:
