@@ -211,6 +211,11 @@ def test_cli_compare_when_sampling_gives_plain_samplings_text(capsys):
     (["generate", "hi", "--method", "ar", "--head", "/no/such/head"], "head not found: /no/such/head"),
     (["generate", "hi", "--method", "lookup", "--head", "."], "method 'lookup' does not use an EAGLE head"),
     (["generate", "hi", "--depth", "0"], "depth must be >= 1"),  # auto's options are checked before loading too
+    (["generate", "hi", "--tokens"], "--tokens needs --json"),
+    (["generate", "hi", "--stream", "--json"], "pick one"),
+    (["generate", "hi", "--device", "meta"], "device 'meta' cannot run a model here"),
+    (["generate", "caf\udce9 hi"], "not valid Unicode text"),  # bytes that are not UTF-8 in the command line
+    (["bench", "--quick", "--out", "/etc/passwd"], "not a directory"),
 ])
 def test_cli_errors_are_one_line(capsys, argv, msg):
     rc, out, err = _cli(capsys, *argv)

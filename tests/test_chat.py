@@ -45,6 +45,12 @@ def test_reset_help_and_exit(lm):
     assert any("/reset" in line for line in lines) and "(new conversation)" in lines
 
 
+def test_an_unknown_command_is_not_sent_to_the_model(lm):
+    conv, out, lines = run(lm, ["/rest", "/usr/bin holds what?"])
+    assert lines[0].startswith("unknown command /rest: /reset starts") and len(lines) == 2
+    assert [m["content"] for m in conv if m["role"] == "user"] == ["/usr/bin holds what?"]  # a question is one
+
+
 def test_a_turn_past_the_context_window_is_refused_and_the_conversation_kept(lm):
     huge = "word " * (lm.target.context_length + 10)
     conv, _, lines = run(lm, ["Name a colour.", huge, "And another one?"])

@@ -33,6 +33,35 @@ def test_n_completions_are_n_rows_each_with_its_own_seed(server, expected):
     assert status == 200 and len(out["choices"]) == 2 and out["choices"][0]["text"] == out["choices"][1]["text"]
 
 
+def test_completions_take_a_batch_of_prompts(server):
+    """/v1/completions with a list of prompts (strings or token-id lists), as OpenAI and vLLM take it: n choices per
+    prompt, choice k * n + j for prompt k, each what that prompt alone gives with seed + its index; usage counts each
+    prompt once; streamed, every choice's chunks name their index and the usage chunk is the same."""
+    a, b = "The capital of France is", "Once upon a time"
+    ids_b = post(server, "/tokenize", {"prompt": b})[1]["tokens"]
+    body = {"prompt": [a, ids_b], "max_tokens": 6, "temperature": 1.0, "seed": 5, "n": 2}
+    status, out = post(server, "/v1/completions", body)
+    assert status == 200 and [c["index"] for c in out["choices"]] == [0, 1, 2, 3], out
+    alone = [post(server, "/v1/completions", {**body, "prompt": p, "n": 1, "seed": 5 + i})[1]
+             for i, p in enumerate([a, a, b, b])]
+    assert [c["text"] for c in out["choices"]] == [x["choices"][0]["text"] for x in alone]
+    assert out["usage"]["prompt_tokens"] == alone[0]["usage"]["prompt_tokens"] + alone[2]["usage"]["prompt_tokens"]
+    assert out["usage"]["completion_tokens"] == sum(x["usage"]["completion_tokens"] for x in alone)
+    status, _, data = request(server, "POST", "/v1/completions",
+                              {**body, "stream": True, "stream_options": {"include_usage": True}})
+    chunks = [json.loads(e) for e in sse_events(data)[:-1]]
+    texts = {i: "" for i in range(4)}
+    for c in chunks[:-1]:
+        (choice,) = c["choices"]
+        texts[choice["index"]] += choice["text"] or ""
+    assert [texts[i] for i in range(4)] == [c["text"] for c in out["choices"]]
+    assert chunks[-1]["usage"] == out["usage"]
+    for bad, where in [([a, ""], "prompt 1 is empty"), ([a, 5], "'prompt' must be"), ([], "'prompt' must be"),
+                       ([a, [10**9]], "prompt 1: token ids must be in")]:
+        status, out = post(server, "/v1/completions", {"prompt": bad, "max_tokens": 2})
+        assert status == 400 and where in out["error"]["message"], out
+
+
 NO_OPS = {"frequency_penalty": 0, "presence_penalty": 0.0, "repetition_penalty": 1.0, "logit_bias": {},
           "response_format": {"type": "text"}, "tools": [], "tool_choice": "none", "user": "u1", "best_of": 1,
           "min_p": 0.0, "min_tokens": 0, "ignore_eos": False, "stop_token_ids": [],

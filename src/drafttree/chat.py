@@ -53,6 +53,9 @@ def chat_loop(lm, turns: Iterator[str], write: Callable[[str], None], report: Ca
         if text in ("/help", "/?"):
             report(HELP)
             continue
+        if text.startswith("/") and len(text.split()) == 1:  # a mistyped command is not a question for the model
+            report(f"unknown command {text}: {HELP}")
+            continue
         messages.append({"role": "user", "content": turn})
         said = []
         try:

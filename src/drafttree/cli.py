@@ -66,6 +66,10 @@ def cmd_generate(args) -> int:
     check_top(args.logprobs)
     if args.logprobs is not None and not args.json:
         raise DraftTreeError("--logprobs needs --json (the log-probabilities are printed in the JSON object)")
+    if args.tokens and not args.json:
+        raise DraftTreeError("--tokens needs --json (the token ids are printed in the JSON object)")
+    if args.stream and args.json:
+        raise DraftTreeError("--stream prints text as it comes; --json prints one object at the end: pick one")
     prompt = args.prompt
     if prompt == "-":
         prompt = sys.stdin.read()

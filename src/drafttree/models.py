@@ -143,7 +143,7 @@ def resolve_device(device: str | torch.device | None) -> torch.device:
     if dev.type not in ("cpu", "cuda") and not (dev.type in other and other[dev.type]()):  # meta: no values at all
         raise DraftTreeError(f"device {device!r} cannot run a model here: use auto, cpu, cuda or cuda:N")
     if dev.type == "cuda" and not torch.cuda.is_available():
-        raise DraftTreeError("device 'cuda' was requested but no CUDA device is available")
+        raise DraftTreeError(f"device {str(device)!r} was requested but no CUDA device is available")
     if dev.type == "cuda" and dev.index is not None and dev.index >= torch.cuda.device_count():
         raise DraftTreeError(f"device {device!r}: this machine has {torch.cuda.device_count()} CUDA device(s), "
                              f"numbered from 0")

@@ -34,7 +34,7 @@ from drafttree.errors import DraftTreeError
 from drafttree.server.requests import MAX_BODY_BYTES, RequestError, bad_request, parse_messages, validate
 from drafttree.server.scheduler import Job, QueueFull, Scheduler
 from drafttree.server.schemas import ChatRequest, CompletionRequest
-from drafttree.server.streaming import sse, usage
+from drafttree.server.streaming import request_total, sse, usage
 from drafttree.server.tools import AUTO_NEEDS_PARSER, PARSERS, tool_message
 
 RETRY_AFTER_SECONDS = 2
@@ -99,26 +99,31 @@ class Service:
         except (UnicodeDecodeError, ValueError, RecursionError) as e:  # ValueError: also ints over 4,300 digits
             raise bad_request(f"the request body is not valid JSON: {e}", code="invalid_json") from None
 
-    def encode(self, req, chat: bool) -> torch.Tensor:
+    def encode(self, req, chat: bool) -> list[torch.Tensor]:
+        """The request's prompts as token ids: the chat's messages through the template, or each completion prompt."""
         sm = self.sm
         param = "messages" if chat else "prompt"
-        try:
-            if chat:
-                ids = sm.encode_prompt(parse_messages(req.model_dump()), chat=True, tools=req.tools)
-            elif isinstance(req.prompt, list):
-                vocab = sm.target.vocab_size
-                if any(t < 0 or t >= vocab for t in req.prompt):
-                    raise bad_request(f"token ids must be in [0, {vocab})", "prompt", "invalid_value")
-                ids = torch.tensor(req.prompt, dtype=torch.long)
-            else:
-                ids = sm.encode_prompt(req.prompt, chat=False)
-        except DraftTreeError as e:
-            raise bad_request(str(e), param) from e
-        ctx = sm.max_positions
-        if ids.numel() >= ctx:
-            raise bad_request(f"the prompt is {ids.numel()} tokens but the model's context window is {ctx} tokens",
-                              param, "context_length_exceeded")
-        return ids
+        out = []
+        for prompt in [None] if chat else req.prompt:
+            where = "" if chat or len(req.prompt) == 1 else f"prompt {len(out)}: "
+            try:
+                if chat:
+                    ids = sm.encode_prompt(parse_messages(req.model_dump()), chat=True, tools=req.tools)
+                elif isinstance(prompt, list):
+                    vocab = sm.target.vocab_size
+                    if any(t < 0 or t >= vocab for t in prompt):
+                        raise bad_request(f"{where}token ids must be in [0, {vocab})", "prompt", "invalid_value")
+                    ids = torch.tensor(prompt, dtype=torch.long)
+                else:
+                    ids = sm.encode_prompt(prompt, chat=False)
+            except DraftTreeError as e:
+                raise bad_request(f"{where}{e}", param) from e
+            ctx = sm.max_positions
+            if ids.numel() >= ctx:
+                raise bad_request(f"{where}the prompt is {ids.numel()} tokens but the model's context window is {ctx} "
+                                  "tokens", param, "context_length_exceeded")
+            out.append(ids)
+        return out
 
     def chunk(self, rid: str, chat: bool, created: int, text: str | None, finish: str | None, extra: dict,
               first: bool = False, logprobs: dict | None = None, index: int = 0) -> dict:
@@ -132,9 +137,9 @@ class Service:
         return {"id": rid, "object": "chat.completion.chunk" if chat else "text_completion", "created": created,
                 "model": self.model_name, "choices": [choice], **extra}
 
-    def completion(self, results: list[dict], chat: bool, rid: str, tools=None) -> dict:
-        """The answer to a request of ``len(results)`` completions (n): a choice each; the prompt counted once.
-        ``tools``: the request's ToolMode (server/tools.py): a finished answer is its tool calls."""
+    def completion(self, results: list[dict], chat: bool, rid: str, tools=None, n: int = 1) -> dict:
+        """The answer to a request of ``len(results)`` completions (``n`` of each prompt): a choice each; each prompt
+        counted once. ``tools``: the request's ToolMode (server/tools.py): a finished answer is its tool calls."""
         choices = []
         for i, res in enumerate(results):
             lps = None if res["logprobs"] is None else self.logprobs(res["logprobs"], chat)
@@ -145,7 +150,7 @@ class Service:
                 choices.append({"index": i, "text": res["text"], "logprobs": lps,
                                 "finish_reason": res["finish_reason"]})
         first = results[0]
-        total = {**first, "completion_tokens": sum(r["completion_tokens"] for r in results)}
+        total = request_total(results, n)
         stats = first["drafttree"] if len(results) == 1 else [r["drafttree"] for r in results]
         return {"id": rid, "object": "chat.completion" if chat else "text_completion", "created": int(time.time()),
                 "model": self.model_name, "choices": choices, "usage": usage(total), "drafttree": stats}
@@ -349,14 +354,15 @@ async def complete(svc: Service, request: Request, chat: bool):
     params = req.generation()
     if tools is not None and tools.auto and req.skip_special_tokens is None:
         params["skip_special"] = False  # the parser reads the call tags, special tokens in some vocabularies (Qwen's)
-    ids = svc.encode(req, chat)
+    prompts = svc.encode(req, chat)
     # as vLLM and OpenAI: a prompt and an asked-for max_tokens that do not fit the context window together are a 400
     # (not an answer cut short); without max_tokens the default shrinks to what fits
     ctx, asked = svc.sm.max_positions, req.max_completion_tokens or req.max_tokens
-    room = ctx - ids.numel()
+    longest = max(ids.numel() for ids in prompts)
+    room = ctx - longest
     if asked is not None and asked > room:
         param = "max_completion_tokens" if req.max_completion_tokens else "max_tokens"
-        raise bad_request(f"the model's context window is {ctx} tokens: {ids.numel()} in the prompt and {asked} "
+        raise bad_request(f"the model's context window is {ctx} tokens: {longest} in the prompt and {asked} "
                           f"asked for the completion; at most {room} completion tokens fit", param,
                           "context_length_exceeded")
     params["max_new_tokens"] = min(params["max_new_tokens"], room)
@@ -372,13 +378,15 @@ async def complete(svc: Service, request: Request, chat: bool):
     except DraftTreeError as e:
         raise bad_request(str(e), "stop_token_ids") from e
     seed, loop = params["seed"], asyncio.get_running_loop()
+    n = req.n or 1  # n completions of each prompt: n rows of the batch each, choice k * n + j for prompt k
     jobs = [Job(ids, req.method or svc.sm.method, sampling, params["max_new_tokens"], params["stop"],
                 None if seed is None else (seed + i) & (2**64 - 1), loop, logprobs=params["logprobs"], end_ids=ends,
                 include_stop=params["include_stop"], skip_special=params["skip_special"])
-            for i in range(req.n or 1)]  # n completions: n rows of the batch
+            for i, ids in enumerate(ids for ids in prompts for _ in range(n))]
     if len(jobs) > svc.max_queue:  # would be refused however idle the server: not a reason to retry
-        raise bad_request(f"n={len(jobs)} completions cannot be queued: this server queues at most {svc.max_queue} "
-                          "requests (--max-queue)", "n")
+        what = f"n={n} completions" if len(prompts) == 1 else f"{len(prompts)} prompts x n={n} completions"
+        raise bad_request(f"{what} cannot be queued: this server queues at most {svc.max_queue} requests "
+                          "(--max-queue)", "n" if len(prompts) == 1 else "prompt")
     try:
         svc.scheduler.submit(jobs)
     except QueueFull as e:
@@ -401,7 +409,7 @@ async def complete(svc: Service, request: Request, chat: bool):
                                type_="server_error" if first[1] >= 500 else "invalid_request_error")
     if req.stream:
         with_usage = bool(req.stream_options and req.stream_options.include_usage)
-        return StreamingResponse(sse(svc, jobs, firsts, chat, rid, with_usage, tools),
+        return StreamingResponse(sse(svc, jobs, firsts, chat, rid, with_usage, tools, n),
                                  media_type="text/event-stream",
                                  headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
 
@@ -430,4 +438,4 @@ async def complete(svc: Service, request: Request, chat: bool):
     for event in events:
         if event[0] == "error":
             raise RequestError(event[1], event[2], type_="server_error")
-    return JSONResponse(svc.completion([event[1] for event in events], chat, rid, tools))
+    return JSONResponse(svc.completion([event[1] for event in events], chat, rid, tools, n))

@@ -138,21 +138,25 @@ def parse_messages(body: dict) -> list[dict]:
     return out
 
 
-def parse_prompt(body: dict):
-    """A completion prompt: a string, a list holding one string, or a list of token ids."""
+def _ids(p) -> bool:
+    return isinstance(p, list) and bool(p) and all(isinstance(t, int) and not isinstance(t, bool) for t in p)
+
+
+def parse_prompt(body: dict) -> list:
+    """A completion request's prompts, as OpenAI takes them: a string, a list of token ids, or a list of either (a
+    batch: each prompt gets ``n`` choices, indexed prompt by prompt)."""
     p = body.get("prompt")
     if p is None:
         raise bad_request("'prompt' is required", "prompt", "missing_required_parameter")
-    if isinstance(p, list) and len(p) == 1 and isinstance(p[0], str):
-        p = p[0]
-    if isinstance(p, str):
-        if not p.strip():
-            raise bad_request("'prompt' must not be empty", "prompt", "invalid_value")
-        return p
-    if isinstance(p, list) and p and all(isinstance(t, int) and not isinstance(t, bool) for t in p):
-        return p
-    raise bad_request("'prompt' must be a non-empty string (or a list of token ids); batches are not supported",
-                      "prompt", "invalid_type")
+    prompts = [p] if isinstance(p, str) or _ids(p) else p
+    if not isinstance(prompts, list) or not prompts or not all(isinstance(x, str) or _ids(x) for x in prompts):
+        raise bad_request("'prompt' must be a non-empty string, a list of token ids, or a list of those (a batch)",
+                          "prompt", "invalid_type")
+    for i, x in enumerate(prompts):
+        if isinstance(x, str) and not x.strip():
+            raise bad_request("'prompt' must not be empty" if len(prompts) == 1 else f"prompt {i} is empty",
+                              "prompt", "invalid_value")
+    return prompts
 
 
 # ----------------------------------------------------------------------------------------------- app

@@ -265,7 +265,8 @@ class ChatRequest(GenerationParams):
 
 
 class CompletionRequest(GenerationParams):
-    prompt: str | list[int] | list[str] = Field(description="text, or a list of token ids (no chat template)")
+    prompt: list[str | list[int]] = Field(description="text, or a list of token ids (no chat template); or a list of "
+                                                      "those: a batch, n choices per prompt, indexed prompt by prompt")
     logprobs: int | None = Field(None, ge=0, le=5, description="each token's log-probability under the target "
                                                                  "and this many likeliest alternatives")
 

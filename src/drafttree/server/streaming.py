@@ -20,6 +20,17 @@ def usage(res: dict) -> dict:
     return out
 
 
+def request_total(results: list[dict], n: int = 1) -> dict:
+    """A request's counts, its choices' results in choice order (``n`` per prompt): the completion tokens of every
+    choice, the prompt tokens (and cached ones) of each prompt once."""
+    firsts = results[::n]
+    total = {**results[0], "completion_tokens": sum(r["completion_tokens"] for r in results),
+             "prompt_tokens": sum(r["prompt_tokens"] for r in firsts)}
+    if results[0].get("cached_tokens") is not None:
+        total["cached_tokens"] = sum(r.get("cached_tokens") or 0 for r in firsts)
+    return total
+
+
 async def merged(jobs: list[Job], firsts: list):
     """``(choice index, event)`` from every job as its events come, until each job's last."""
     out: asyncio.Queue = asyncio.Queue()
@@ -43,14 +54,15 @@ async def merged(jobs: list[Job], firsts: list):
             p.cancel()
 
 
-async def sse(svc, jobs: list[Job], firsts: list, chat: bool, rid: str, with_usage: bool = False, tools=None):
+async def sse(svc, jobs: list[Job], firsts: list, chat: bool, rid: str, with_usage: bool = False, tools=None,
+              n: int = 1):
     """Server-Sent Events: one chunk per target forward and choice (``n`` choices interleave, each chunk naming its
     index, as OpenAI streams them), then each choice's finish chunk (drafttree's stats) and [DONE]. With
     ``with_usage`` (``stream_options.include_usage``) every chunk has ``usage: null`` and one more chunk, with no
     choices, carries the usage (the prompt counted once) before [DONE], as OpenAI streams it. ``tools`` (a ToolMode):
     the text is held back and a choice's tool calls come whole in one delta before its finish chunk; "auto": the text
     goes out up to the model's first call (tools.CallStream), then the calls, or the rest of the text."""
-    created, started, results = int(time.time()), set(), []
+    created, started, results = int(time.time()), set(), {}
     calls: dict[int, CallStream] = {}
     none = {"usage": None} if with_usage else {}
 
@@ -71,7 +83,7 @@ async def sse(svc, jobs: list[Job], firsts: list, chat: bool, rid: str, with_usa
                 started.add(i)
             elif event[0] == "done":
                 res = event[1]
-                results.append(res)
+                results[i] = res
                 finish = res["finish_reason"]
                 if tools is not None:
                     message, finish = tool_message(res, tools)
@@ -93,7 +105,7 @@ async def sse(svc, jobs: list[Job], firsts: list, chat: bool, rid: str, with_usa
                 break
         else:
             if with_usage:
-                total = {**results[0], "completion_tokens": sum(r["completion_tokens"] for r in results)}
+                total = request_total([results[i] for i in sorted(results)], n)
                 last = svc.chunk(rid, chat, created, None, None, {"usage": usage(total)})
                 yield data({**last, "choices": []})
         yield data(b"[DONE]")
