@@ -206,7 +206,7 @@ def test_bad_chat_requests_are_400(server, body, param):
     assert err["type"] == "invalid_request_error" and err["param"] == param and err["message"]
 
 
-@pytest.mark.parametrize("body,param", [({}, "prompt"), ({"prompt": ""}, "prompt"), ({"prompt": ["a", "b"]}, "prompt"),
+@pytest.mark.parametrize("body,param", [({}, "prompt"), ({"prompt": ""}, "prompt"), ({"prompt": ["a", 5]}, "prompt"),
                                         ({"prompt": "hi", "max_tokens": 0}, "max_tokens"),
                                         ({"prompt": "hi", "logprobs": 6}, "logprobs")])  # OpenAI's limit: 5
 def test_bad_completion_requests_are_400(server, body, param):
