@@ -26,6 +26,7 @@ from drafttree.inputs import (
     INTERRUPTED,
     SEED_MASK,
     check_flags,
+    check_options,
     check_positive_int,
     encode_text,
     end_token_ids,
@@ -179,9 +180,7 @@ class SpeculativeModel:
         method = self._resolve_method(method or self.method)
         if options is None:
             options = self.method_options if method == self.method else {}
-        if not isinstance(options, dict):
-            raise DraftTreeError(f"method_options must be a dict of name: value, got {type(options).__name__} "
-                                 f"{options!r}")
+        check_options(options)
         key = (method, tuple(sorted((k, str(v)) for k, v in options.items())))
         if key not in self._drafters:
             self._drafters[key] = make_drafter(method, self.target, self.draft, self.head, **dict(options))
@@ -393,9 +392,7 @@ class SpeculativeModel:
         method = self._resolve_method(method or self.method)
         options = method_options if method_options is not None else (
             self.method_options if method == self.method else {})
-        if not isinstance(options, dict):
-            raise DraftTreeError(f"method_options must be a dict of name: value, got {type(options).__name__} "
-                                 f"{options!r}")
+        check_options(options)
         if self.one_at_a_time:  # the prompts decode one by one
             yield from self._one_by_one(ids, seed, options, max_new_tokens, temperature, top_p, top_k, stop, chat,
                                         method, logprobs, stop_token_ids, ignore_eos, include_stop, min_p,

@@ -103,6 +103,12 @@ def check_flags(**flags) -> None:
             raise DraftTreeError(f"{name} must be true or false, got {value!r}")
 
 
+def check_options(options) -> None:
+    """Method options are a dict of name: value (read before any option is parsed)."""
+    if not isinstance(options, dict):
+        raise DraftTreeError(f"method_options must be a dict of name: value, got {type(options).__name__} {options!r}")
+
+
 def check_positive_int(value, name: str, none_ok: bool = False) -> None:
     """A count (max_new_tokens, max_batch): an integer >= 1, not a float, string or bool, else a one-line error."""
     if value is None and none_ok:
